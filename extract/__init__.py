@@ -1,0 +1,1 @@
+"""Cost models and extractors (shipped as optimus_eqsat.extract)."""

@@ -1,0 +1,1 @@
+"""Rule sets, one per family (shipped as optimus_eqsat.rewrites)."""
