@@ -1,1 +1,74 @@
-"""Rule sets, one per family (shipped as optimus_eqsat.rewrites)."""
+"""Rule sets, one per family (shipped as ``optimus_eqsat.rewrites``).
+
+Each family is an egglog program (``*.egg`` beside this file, plus
+rank-dependent rules generated in :mod:`generated`) declaring one ruleset of
+the same name. The term language they rewrite is ``optimus_eqsat/language.egg``.
+
+A user rule file is any egglog program that declares ``(ruleset NAME)`` and
+adds rules to it; pass it as ``optimize_graph(gm, rule_files=[path])``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import generated
+
+_HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """An egglog program that declares and fills one ruleset."""
+
+    name: str
+    program: str
+    description: str = ""
+
+    @property
+    def rule_names(self) -> list[str]:
+        return re.findall(r':name\s+"([^"]+)"', self.program)
+
+
+def _read(name: str) -> str:
+    return (_HERE / name).read_text()
+
+
+def _family(name: str, description: str, *extra: str) -> RuleSet:
+    return RuleSet(name, "\n".join([_read(f"{name}.egg"), *extra]), description)
+
+
+def shape_rules() -> RuleSet:
+    """The shape analysis every other family relies on (always loaded)."""
+    return _family("shapes", "shape analysis", generated.permute_shape_rules())
+
+
+def builtin_rulesets() -> dict[str, RuleSet]:
+    """The rule families shipped with the package, by name."""
+    families = [
+        _family(
+            "splitcat",
+            "split/cat/view algebra (Inductor split_cat.py)",
+            generated.permute_permute_rules(),
+            generated.select_movedim_rules(),
+        ),
+    ]
+    for optional in ("algebraic", "batching"):
+        if (_HERE / f"{optional}.egg").exists():
+            families.append(_family(optional, f"{optional} rewrites"))
+    return {family.name: family for family in families}
+
+
+class RuleFileError(ValueError):
+    """A user rule file that cannot be used."""
+
+
+def load_rule_file(path: str | Path) -> RuleSet:
+    """Read a user rule file; it must declare exactly one ``(ruleset NAME)``."""
+    text = Path(path).read_text()
+    names = re.findall(r"\(ruleset\s+([^\s()]+)\s*\)", text)
+    if len(names) != 1:
+        raise RuleFileError(f"{path}: a rule file declares exactly one (ruleset NAME); found {names or 'none'}")
+    return RuleSet(names[0], text, f"user rule file {path}")

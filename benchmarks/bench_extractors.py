@@ -1,0 +1,121 @@
+"""Extraction time and cost per extractor on synthetic e-graphs.
+
+Run ``python benchmarks/bench_extractors.py [--sizes 1000 10000 100000]
+[--time-limit 10]``. The generators are also used by
+``tests/test_extractors.py``.
+
+E-graph families (sizes are e-node counts, approximately):
+
+* ``splitcat``: a chain of levels ``A_i = {pw(A_{i-1}) 1, cat(P_i, Q_i) 1}``,
+  ``P_i = {slice0(A_i) 0, pw(P_{i-1}) 1}``, ``Q_i`` alike: every level is a
+  3-class cycle through slice/cat (x = cat(slice0(x), slice1(x))).
+* ``batching``: F features x L layers; ``X[f,l] = {op(X[f,l-1]) 1,
+  slice_f(B_l) 0}``, ``B_l = {batched(X[0..F-1, l-1]) 1.5}``; optimum 1.5 L.
+* ``wide``: W roots-of-a-cat ``Y_i = {own 1, f(S) 0.5}`` sharing ``S = {1}``.
+* ``chain``: ``X_i = {op(X_{i-1}) 1, op2(X_{i-1}, X_{i-2}) 0.5}``, deep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from optimus_eqsat.extract.egraph import ENode, ExtractionError, ExtractionGraph
+from optimus_eqsat.extract.extractors import get_extractor
+
+
+def splitcat_chain(n_nodes: int) -> ExtractionGraph:
+    """Chain of slice/cat cycles, about ``n_nodes`` e-nodes (6 per level)."""
+    levels = max(1, n_nodes // 6)
+    classes: list[list[ENode]] = [[ENode(f"input{k}", (), 0.0)] for k in range(3)]
+    for i in range(1, levels + 1):
+        a, p, q = 3 * i, 3 * i + 1, 3 * i + 2
+        pa, pp, pq = a - 3, p - 3, q - 3
+        classes.append([ENode("pw", (pa,), 1.0), ENode("cat", (p, q), 1.0)])
+        classes.append([ENode("slice0", (a,), 0.0), ENode("pw", (pp,), 1.0)])
+        classes.append([ENode("slice1", (a,), 0.0), ENode("pw", (pq,), 1.0)])
+    return ExtractionGraph(classes, [3 * levels])
+
+
+def batching(features: int, layers: int, batched_cost: float = 1.5) -> ExtractionGraph:
+    """F x L batching e-graph; roots are all last-layer features."""
+    classes: list[list[ENode]] = [[ENode(f"x{f}", (), 0.0)] for f in range(features)]
+    prev = list(range(features))
+    for _ in range(layers):
+        b = len(classes)
+        classes.append([ENode("batched", tuple(prev), batched_cost)])
+        cur = []
+        for f in range(features):
+            cur.append(len(classes))
+            classes.append([ENode("op", (prev[f],), 1.0), ENode(f"slice{f}", (b,), 0.0)])
+        prev = cur
+    return ExtractionGraph(classes, prev)
+
+
+def batching_for(n_nodes: int, layers: int = 4) -> ExtractionGraph:
+    """Batching e-graph with about ``n_nodes`` e-nodes (1 + 2L per feature)."""
+    return batching(max(2, n_nodes // (1 + 2 * layers)), layers)
+
+
+def wide(n_nodes: int) -> ExtractionGraph:
+    """One root concatenating ~n/2 classes that may share one node."""
+    w = max(1, n_nodes // 2)
+    classes: list[list[ENode]] = [[ENode("shared", (), 1.0)]]
+    classes += [[ENode("own", (), 1.0), ENode("f", (0,), 0.5)] for _ in range(w)]
+    classes.append([ENode("cat", tuple(range(1, w + 1)), 0.0)])
+    return ExtractionGraph(classes, [w + 1])
+
+
+def chain(n_nodes: int) -> ExtractionGraph:
+    """A deep chain, 2 e-nodes per class, each class depending on the previous two."""
+    classes: list[list[ENode]] = [[ENode("input", (), 0.0)], [ENode("op", (0,), 1.0)]]
+    for i in range(2, max(3, n_nodes // 2)):
+        classes.append([ENode("op", (i - 1,), 1.0), ENode("op2", (i - 1, i - 2), 0.5)])
+    return ExtractionGraph(classes, [len(classes) - 1])
+
+
+FAMILIES = {"splitcat": splitcat_chain, "batching": batching_for, "wide": wide, "chain": chain}
+
+
+def run(sizes: list[int], time_limit: float, extractors: list[str]) -> list[dict[str, object]]:
+    """Extract every family x size with every extractor; returns table rows."""
+    rows = []
+    for family, make in FAMILIES.items():
+        for size in sizes:
+            graph = make(size)
+            for name in extractors:
+                opts = {"time_limit": time_limit} if name in ("ilp", "auto") else {}
+                t0 = time.perf_counter()
+                try:
+                    ext = get_extractor(name, **opts).extract(graph)
+                    cost, by, opt, gap = ext.cost, ext.extractor, ext.optimal, ext.gap
+                except ExtractionError as err:  # pragma: no cover - reported in table
+                    cost, by, opt, gap = float("nan"), f"error: {err}", False, None
+                rows.append(dict(family=family, nodes=graph.num_nodes, extractor=name,
+                                 seconds=time.perf_counter() - t0, cost=cost, result_by=by,
+                                 optimal=opt, gap=gap))
+                print(_fmt(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = f"{'family':<9} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>10} {'result by':<8} {'optimal':<7} gap"
+
+
+def _fmt(r: dict[str, object]) -> str:
+    gap = "" if r["gap"] is None else f"{r['gap']:.3g}"
+    return (f"{r['family']:<9} {r['nodes']:>8} {r['extractor']:<7} {r['seconds']:>8.2f} "
+            f"{r['cost']:>10.1f} {r['result_by']:<8} {str(r['optimal']):<7} {gap}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    ap.add_argument("--time-limit", type=float, default=10.0, help="ILP time limit (s)")
+    ap.add_argument("--extractors", nargs="+", default=["greedy", "ilp", "auto"])
+    args = ap.parse_args()
+    print(HEADER)
+    run(args.sizes, args.time_limit, args.extractors)
+
+
+if __name__ == "__main__":
+    main()

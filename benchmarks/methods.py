@@ -1,0 +1,166 @@
+"""The compared methods: how each one turns a model into a callable.
+
+- ``eager``: the model itself.
+- ``inductor``: ``torch.compile`` with Inductor's defaults.
+- ``inductor_optimus``: Inductor with its own Optimus passes switched on
+  (:data:`OPTIMUS_PRE_GRAD`, :data:`OPTIMUS_POST_GRAD`).
+- ``optimus_eqsat``: the optimus_eqsat Dynamo backend (optimize_graph, then
+  Inductor's compile_fx), configured by rule sets / extractor / profile.
+
+Every compiled method runs Dynamo through a recording wrapper so the Dynamo
+graph is observed before any pass mutates it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .instrument import CompileRecord
+
+# Inductor's Optimus passes that run on CPU in torch 2.13 (all names of
+# group_batch_fusion.py and split_cat.py except fbgemm-only group_linear and the
+# GPU-oriented decompose_mm/pad_mm). Checked on the zoo: they fire on CPU
+# (e.g. dynamic_schema: batch_linear, batch_layernorm, merge_splits,
+# unbind_stack, batch_aten_relu/mul).
+OPTIMUS_PRE_GRAD: dict[str, dict[str, Any]] = {
+    name: {}
+    for name in (
+        "normalization_pass",  # runs first regardless of order (pre_grad.py)
+        "batch_linear",
+        "batch_linear_lhs",
+        "batch_layernorm",
+        "batch_tanh",
+        "batch_sigmoid",
+        "batch_relu",
+        "batch_detach",
+        "batch_nan_to_num",
+        "batch_clamp",
+        "batch_dropout",
+        "remove_split_with_size_one_pass",
+        "merge_getitem_cat_pass",
+        "merge_stack_tahn_unbind_pass",  # (sic) Inductor's spelling
+        "merge_splits_pass",
+        "mutate_cat_pass",
+        "split_cat_pass",
+        "unbind_stack_pass",
+        "split_cat_to_slices_pass",
+        "unbind_cat_to_view_pass",
+        "split_stack_to_cats_pass",
+        "unbind_stack_to_slices_pass",
+        "move_reshape_out_of_split_stack_pass",
+    )
+}
+OPTIMUS_POST_GRAD: dict[str, dict[str, Any]] = {
+    name: {}
+    for name in (
+        "batch_linear_post_grad",
+        "batch_aten_add",
+        "batch_aten_sub",
+        "batch_aten_mul",
+        "batch_aten_div",
+        "batch_aten_tanh",
+        "batch_aten_sigmoid",
+        "batch_aten_relu",
+        "normalization_aten_pass",
+        "split_cat_aten_pass",
+        "select_cat_aten_pass",
+        "unbind_stack_aten_pass",
+        "move_view_after_cat_aten_pass",
+    )
+}
+
+METHOD_NAMES = ("eager", "inductor", "inductor_optimus", "optimus_eqsat")
+
+
+@dataclass(frozen=True)
+class EqsatOptions:
+    """Ablation knobs passed to ``optimus_eqsat.backend.make_backend``; None = its default."""
+
+    rulesets: tuple[str, ...] | None = None
+    extractor: str | None = None
+    profile: str | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+    def label(self) -> dict[str, str]:
+        """Row labels: the knob values, or "default"."""
+        return {
+            "rulesets": "+".join(self.rulesets) if self.rulesets else "default",
+            "extractor": self.extractor or "default",
+            "profile": self.profile or "default",
+        }
+
+
+@dataclass(frozen=True)
+class Method:
+    """A way to run a model. ``inductor_config`` is patched around compile and
+    the first (compiling) step; ``observe_pre_grad`` takes Inductor's pre-grad
+    output as the method's optimized graph (where Optimus passes act)."""
+
+    name: str
+    inductor_config: dict[str, Any] = field(default_factory=dict)
+    eqsat: EqsatOptions | None = None
+    observe_pre_grad: bool = False
+
+    @property
+    def compiled(self) -> bool:
+        return self.name != "eager"
+
+    def prepare(self, model: torch.nn.Module, record: CompileRecord) -> Callable:
+        """The callable to benchmark; compiles lazily on its first call."""
+        if not self.compiled:
+            return model
+        inner = self._inner_backend()
+
+        def recording_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            record.observe_input(gm)
+            return inner(gm, example_inputs)
+
+        return torch.compile(model, backend=recording_backend)
+
+    def _inner_backend(self) -> Callable:
+        if self.name == "optimus_eqsat":
+            return eqsat_backend(self.eqsat or EqsatOptions())
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx
+
+
+def eqsat_backend(options: EqsatOptions) -> Callable:
+    """``make_backend(**options)``, else the registered "optimus_eqsat" backend.
+
+    Raises (ImportError, ...) while the backend does not exist; the harness
+    records the message in the row.
+    """
+    try:
+        from optimus_eqsat.backend import make_backend
+    except ImportError:
+        if options.kwargs():
+            raise
+        from torch._dynamo import lookup_backend
+
+        return lookup_backend("optimus_eqsat")
+    return make_backend(**options.kwargs())
+
+
+def make_methods(names: list[str], eqsat_variants: list[EqsatOptions]) -> list[Method]:
+    """Methods by name; optimus_eqsat expands to one method per ablation variant."""
+    methods: list[Method] = []
+    for name in names:
+        if name == "eager" or name == "inductor":
+            methods.append(Method(name))
+        elif name == "inductor_optimus":
+            config = {
+                "pre_grad_fusion_options": OPTIMUS_PRE_GRAD,
+                "post_grad_fusion_options": OPTIMUS_POST_GRAD,
+            }
+            methods.append(Method(name, inductor_config=config, observe_pre_grad=True))
+        elif name == "optimus_eqsat":
+            methods.extend(Method(name, eqsat=variant) for variant in eqsat_variants)
+        else:
+            raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHOD_NAMES)}")
+    return methods

@@ -1,0 +1,197 @@
+"""The public entry point: :func:`optimize_graph`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.fx
+
+from . import rewrites
+from .egraph_export import export
+from .extract.egraph_cost import EGraphCost
+from .extract.extractors import get_extractor
+from .rebuild import propagate_meta, rebuild
+from .report import OptimizeReport
+from .saturate import EGraphSession, Limits
+from .translate import translate
+
+log = logging.getLogger("optimus_eqsat")
+
+DEFAULT_RULESETS = ("splitcat", "algebraic", "batching")
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """Options of :func:`optimize_graph` (all keyword arguments).
+
+    Attributes:
+        rulesets: rule families to run, by name (unknown names are an error;
+            families not shipped yet are skipped). Default: all shipped.
+        rule_files: extra egglog rule files, each declaring one ruleset.
+        max_iterations, max_enodes, time_limit_s: saturation limits.
+        extractor: "auto" (ILP when small enough, else greedy), "greedy" or "ilp".
+        ilp_time_limit_s: the ILP's own time limit.
+        profile: device profile of the cost model ("h100", "h200", "a100", "cpu").
+        raise_on_error: raise instead of falling back to the original graph.
+        never_worse: return the original when the cost model predicts the result slower.
+    """
+
+    rulesets: tuple[str, ...] = DEFAULT_RULESETS
+    rule_files: tuple[str, ...] = ()
+    max_iterations: int = Limits.max_iterations
+    max_enodes: int = Limits.max_enodes
+    time_limit_s: float = Limits.time_limit_s
+    extractor: str = "auto"
+    ilp_time_limit_s: float = 10.0
+    profile: str = "h100"
+    raise_on_error: bool = False
+    never_worse: bool = True
+
+    @classmethod
+    def from_kwargs(cls, **options: Any) -> "OptimizeOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise TypeError(f"unknown optimize_graph option(s) {sorted(unknown)}; known: {sorted(known)}")
+        for name in ("rulesets", "rule_files"):
+            if name in options and isinstance(options[name], (str, Path)):
+                options[name] = (options[name],)
+            if name in options:
+                options[name] = tuple(str(v) for v in options[name])
+        return cls(**options)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_iterations, self.max_enodes, self.time_limit_s)
+
+
+class OptimizationError(RuntimeError):
+    """Raised (with raise_on_error=True) when any phase fails."""
+
+
+def _op_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
+def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    graph._codegen = gm.graph._codegen
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+def _select_rulesets(options: OptimizeOptions) -> list[rewrites.RuleSet]:
+    shipped = rewrites.builtin_rulesets()
+    selected = []
+    for name in options.rulesets:
+        if name in shipped:
+            selected.append(shipped[name])
+        elif name not in DEFAULT_RULESETS:
+            raise ValueError(f"unknown ruleset {name!r}; shipped: {sorted(shipped)}")
+    selected += [rewrites.load_rule_file(path) for path in options.rule_files]
+    return selected
+
+
+@contextmanager
+def _phase(report: OptimizeReport, name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.phase_seconds[name] = report.phase_seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def _predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, profile: str) -> tuple[int, float]:
+    from .extract.fx_cost import predict_kernels
+
+    kernels = predict_kernels(gm, example_inputs, profile)
+    return len(kernels), sum(k.seconds for k in kernels)
+
+
+def optimize_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None, **options: Any
+) -> torch.fx.GraphModule:
+    """Optimize an FX graph by equality saturation; return a new GraphModule.
+
+    Accepts graphs from ``torch.fx.symbolic_trace`` (call_module nodes), from
+    Dynamo (a backend's ``gm``, shapes in ``meta["example_value"]``) and from
+    ``torch.export`` (``meta["val"]``). Without shape meta, ``example_inputs``
+    are run once to record shapes; without either, shape-dependent rules do
+    not fire. The input module is not modified.
+
+    The report (:class:`OptimizeReport`) is ``result.meta["optimus_eqsat"]``.
+    On any failure the original graph is returned (as a new module) with the
+    reason in the report and a logged warning, unless ``raise_on_error=True``.
+
+    Example::
+
+        gm = torch.fx.symbolic_trace(model)
+        opt = optimize_graph(gm, (x,))
+        print(opt.meta["optimus_eqsat"].summary())
+
+    See :class:`OptimizeOptions` for the options.
+    """
+    opts = OptimizeOptions.from_kwargs(**options)
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(f"optimize_graph takes a torch.fx.GraphModule, got {type(gm).__name__}")
+    report = OptimizeReport(nodes_before=_op_count(gm))
+    try:
+        result = _optimize(gm, example_inputs, opts, report)
+    except Exception as exc:
+        if opts.raise_on_error:
+            raise OptimizationError(f"optimus_eqsat failed: {exc}") from exc
+        log.warning("optimus_eqsat: returning the original graph: %s: %s", type(exc).__name__, exc)
+        report.fell_back, report.fallback_reason = True, f"{type(exc).__name__}: {exc}"
+        result = _copy_module(gm)
+    report.nodes_after = _op_count(result)
+    result.meta["optimus_eqsat"] = report
+    return result
+
+
+def _optimize(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, opts: OptimizeOptions,
+              report: OptimizeReport) -> torch.fx.GraphModule:
+    rulesets = _select_rulesets(opts)
+    with _phase(report, "translate"):
+        t = translate(gm, example_inputs)
+    report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
+    with _phase(report, "load"):
+        session = EGraphSession(rulesets)
+        session.load(t.facts)
+    with _phase(report, "saturate"):
+        sat = session.saturate(opts.limits)
+    report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
+    report.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
+    report.history = sat.history
+    with _phase(report, "export"):
+        eg = export(session.egraph)
+    report.eclasses = len(eg.classes)
+    with _phase(report, "extract"):
+        roots = [eg.class_of_id[i] for i in t.roots]
+        cost = EGraphCost(eg.shapes, lambda key: t.registry.specs[key].kind, opts.profile)
+        graph = eg.extraction_graph(roots, cost)
+        options = {"time_limit": opts.ilp_time_limit_s} if opts.extractor in ("ilp", "auto") else {}
+        extraction = get_extractor(opts.extractor, **options).extract(graph)
+    report.extractor, report.extraction_cost = extraction.extractor, extraction.cost
+    report.optimal, report.gap = extraction.optimal, extraction.gap
+    with _phase(report, "rebuild"):
+        result = rebuild(t, eg, extraction.choice)
+        propagate_meta(result, example_inputs)
+    with _phase(report, "verify"):
+        report.launches_before, report.cost_before = _predict(gm, example_inputs, opts.profile)
+        report.launches_after, report.cost_after = _predict(result, example_inputs, opts.profile)
+    if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
+        report.fell_back = True
+        report.fallback_reason = (
+            f"predicted cost rose ({report.cost_before:.3e} s -> {report.cost_after:.3e} s); kept the original"
+        )
+        log.info("optimus_eqsat: %s", report.fallback_reason)
+        report.launches_after, report.cost_after = report.launches_before, report.cost_before
+        return _copy_module(gm)
+    return result

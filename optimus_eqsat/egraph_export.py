@@ -1,0 +1,106 @@
+"""Read a saturated egglog e-graph back into plain Python.
+
+:func:`export` freezes the e-graph and returns :class:`TermNode` rows grouped by
+e-class (tensor and list classes alike), with primitive arguments decoded.
+The extractor sees the same graph as an :class:`ExtractionGraph` with costs
+from a cost function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import egglog.bindings as eb
+
+from .extract.egraph import ENode, ExtractionGraph
+
+VALUE_SORTS = ("Tensor", "TList")
+# Helper constructors that rules rewrite away; never part of a program.
+NEVER_EXTRACTED = {"Id", "LAppend", "MapUnary"}
+
+
+@dataclass(frozen=True)
+class ClassRef:
+    """An argument that is an e-class (a tensor or a list)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class TermNode:
+    """One e-node: constructor, arguments in declaration order (ClassRef or a primitive)."""
+
+    ctor: str
+    args: tuple
+
+    @property
+    def children(self) -> tuple[int, ...]:
+        return tuple(a.index for a in self.args if isinstance(a, ClassRef))
+
+
+@dataclass
+class ExportedEGraph:
+    """E-classes with their term nodes, the class of every FX node id, and shapes."""
+
+    classes: list[list[TermNode]] = field(default_factory=list)
+    class_of_id: dict[int, int] = field(default_factory=dict)
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # class -> shape
+
+    def extraction_graph(self, roots: list[int], cost: Callable[[int, TermNode], float]) -> ExtractionGraph:
+        """The graph an extractor reads; ``cost(class, node)`` prices each node."""
+        classes = [
+            [ENode(_label(n), n.children, math.inf if n.ctor in NEVER_EXTRACTED else cost(c, n)) for n in nodes]
+            for c, nodes in enumerate(self.classes)
+        ]
+        return ExtractionGraph(classes, roots)
+
+
+def _label(node: TermNode) -> str:
+    prims = [repr(a) for a in node.args if not isinstance(a, ClassRef)]
+    return f"{node.ctor}({', '.join(prims)})" if prims else node.ctor
+
+
+def export(egraph: eb.EGraph) -> ExportedEGraph:
+    """Freeze ``egraph`` and group its constructor rows by e-class."""
+    frozen = egraph.freeze()
+    out = ExportedEGraph()
+    class_index: dict[Any, int] = {}
+
+    def cls(value: Any) -> int:
+        index = class_index.get(value)
+        if index is None:
+            index = class_index[value] = len(out.classes)
+            out.classes.append([])
+        return index
+
+    decoders = {
+        "i64": egraph.value_to_i64,
+        "f64": egraph.value_to_f64,
+        "String": egraph.value_to_string,
+        "Shape": lambda v: tuple(egraph.value_to_i64(x) for x in egraph.value_to_vec(v)),
+    }
+    shape_rows = None
+    for name, function in frozen.functions.items():
+        if name == "shape":
+            shape_rows = function.rows
+            continue
+        if function.output_sort not in VALUE_SORTS:
+            continue
+        sorts = function.input_sorts
+        for row in function.rows:
+            if row.subsumed:
+                continue
+            args = tuple(
+                ClassRef(cls(v)) if sort in VALUE_SORTS else decoders[sort](v) for sort, v in zip(sorts, row.inputs)
+            )
+            c = cls(row.output)
+            out.classes[c].append(TermNode(name, args))
+            if name == "Id":
+                out.class_of_id[args[0]] = c
+    for row in shape_rows or ():
+        (tensor,) = row.inputs
+        if tensor in class_index:
+            out.shapes[class_index[tensor]] = decoders["Shape"](row.output)
+    return out

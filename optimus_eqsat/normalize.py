@@ -1,0 +1,521 @@
+"""Normalization at the FX boundary: every spelling of an op becomes one term.
+
+Method and function spellings (``x.split`` / ``torch.split`` / ``aten.split``),
+``dim=`` / ``axis=``, negative dims, varargs sizes and module calls all map to
+one canonical op name, whose handler builds the term-language term. So rules
+never see variants. A handler raises :class:`Unsupported` when it cannot
+express a node exactly (unknown shape, an unusual argument); the node then
+stays opaque, kept verbatim.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Protocol
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .opspec import GATHER, MATMUL, OTHER, POINTWISE, REDUCTION, OpSpec, Slot
+
+
+class Unsupported(Exception):
+    """This node cannot be expressed exactly; keep it opaque."""
+
+
+class Context(Protocol):
+    """What a handler may ask the translator."""
+
+    node: torch.fx.Node
+
+    def ref(self, value: Any) -> str: ...
+    def shape(self, value: Any) -> tuple[int, ...]: ...
+    def out_shape(self) -> tuple[int, ...]: ...
+    def same_dtype_as_input(self, value: Any) -> bool: ...
+    def generic(self, kind: str, elementwise: bool = False) -> str: ...
+    def named(self, key: str, target: Any, n_operands: int, kind: str) -> str: ...
+    def pieces(self, value: Any) -> list[str] | None: ...
+
+
+Handler = Callable[[Context, dict[str, Any]], "str | list[str]"]
+
+# ---------------------------------------------------------------- names
+# A canonical op name for every spelling of a target.
+
+_FUNCTION_MODULES = (torch, F, torch.special, torch.Tensor)
+
+_OPERATOR_NAMES = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+    operator.pow: "pow", operator.neg: "neg", operator.getitem: "getitem", operator.matmul: "matmul",
+}
+
+_ALIASES = {
+    "concat": "cat", "concatenate": "cat", "true_divide": "div", "divide": "div", "multiply": "mul",
+    "subtract": "sub", "clip": "clamp", "absolute": "abs", "negative": "neg", "_unsafe_view": "view",
+    "swapaxes": "transpose", "swapdims": "transpose", "moveaxis": "movedim", "__getitem__": "getitem",
+    "split_with_sizes": "split", "__add__": "add", "__radd__": "radd", "__mul__": "mul", "__rmul__": "rmul",
+    "__sub__": "sub", "__rsub__": "rsub", "__truediv__": "div", "__rtruediv__": "rdiv", "__neg__": "neg",
+    "__matmul__": "matmul", "__pow__": "pow", "__rpow__": "rpow", "rsub": "rsub",
+}
+
+
+def canonical_name(node: torch.fx.Node) -> str | None:
+    """The canonical op name of a call node, or None when the target is unknown."""
+    target = node.target
+    if node.op == "call_method":
+        name = str(target)
+    elif node.op == "call_function":
+        if target in _OPERATOR_NAMES:
+            return _OPERATOR_NAMES[target]
+        if isinstance(target, torch._ops.OpOverload):
+            if target.namespace != "aten":
+                return None
+            name = target._opname
+        else:
+            name = getattr(target, "__name__", None)
+            if name is None or not any(getattr(m, name, None) is target for m in _FUNCTION_MODULES):
+                return None
+    else:
+        return None
+    return _ALIASES.get(name, name)
+
+
+# ---------------------------------------------------------------- argument binding
+
+
+def bind(node: torch.fx.Node, params: list[str], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Bind a call's args/kwargs to parameter names (first name of each alias group).
+
+    A parameter written "dim|axis" accepts either keyword; positional args fill
+    parameters in order.
+    """
+    bound: dict[str, Any] = dict(defaults or {})
+    names = [p.split("|") for p in params]
+    if len(node.args) > len(names):
+        raise Unsupported(f"{len(node.args)} positional args for {params}")
+    for value, aliases in zip(node.args, names):
+        bound[aliases[0]] = value
+    for key, value in node.kwargs.items():
+        for aliases in names:
+            if key in aliases:
+                bound[aliases[0]] = value
+                break
+        else:
+            raise Unsupported(f"unknown keyword {key!r}")
+    missing = [a[0] for a in names if a[0] not in bound]
+    if missing:
+        raise Unsupported(f"missing {missing}")
+    return bound
+
+
+def _varargs_sizes(node: torch.fx.Node) -> tuple:
+    rest = node.args[1:]
+    if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)):
+        return tuple(rest[0])
+    return tuple(rest)
+
+
+def _dim(d: Any, rank: int) -> int:
+    if not isinstance(d, int) or isinstance(d, bool):
+        raise Unsupported(f"dim {d!r} is not an int")
+    if not -rank <= d < max(rank, 1):
+        raise Unsupported(f"dim {d} out of range for rank {rank}")
+    return d % rank if rank else 0
+
+
+def _vec(values: tuple[int, ...] | list[int]) -> str:
+    return f"(vec-of {' '.join(str(int(v)) for v in values)})" if values else "(vec-empty)"
+
+
+# ---------------------------------------------------------------- structural handlers
+
+
+def _slice(x: str, dim: int, start: int, end: int) -> str:
+    return f"(Slice {x} {dim} {start} {end})"
+
+
+def _reshape(x: str, shape: tuple[int, ...]) -> str:
+    return f"(Reshape {x} {_vec(shape)})"
+
+
+def _split_pieces(ctx: Context, x: Any, sizes: list[int], dim: int) -> list[str]:
+    ref, out, start = ctx.ref(x), [], 0
+    for size in sizes:
+        out.append(_slice(ref, dim, start, start + size))
+        start += size
+    return out
+
+
+def h_split(ctx: Context, a: dict[str, Any]) -> list[str]:
+    shape = ctx.shape(a["input"])
+    dim = _dim(a["dim"], len(shape))
+    total, size = shape[dim], a["size"]
+    if isinstance(size, int):
+        if size <= 0:
+            raise Unsupported("split size must be positive")
+        sizes = [min(size, total - s) for s in range(0, total, size)] or [0]
+    elif isinstance(size, (list, tuple)) and all(isinstance(s, int) for s in size) and sum(size) == total:
+        sizes = list(size)
+    else:
+        raise Unsupported(f"split sizes {size!r}")
+    return _split_pieces(ctx, a["input"], sizes, dim)
+
+
+def h_chunk(ctx: Context, a: dict[str, Any]) -> list[str]:
+    shape = ctx.shape(a["input"])
+    dim = _dim(a["dim"], len(shape))
+    chunks, total = a["chunks"], shape[dim]
+    if not isinstance(chunks, int) or chunks <= 0:
+        raise Unsupported("chunks")
+    step = -(-total // chunks) if total else 0
+    sizes = [min(step, total - s) for s in range(0, total, step)] if step else [0] * chunks
+    return _split_pieces(ctx, a["input"], sizes, dim)
+
+
+def h_unbind(ctx: Context, a: dict[str, Any]) -> list[str]:
+    shape = ctx.shape(a["input"])
+    dim = _dim(a["dim"], len(shape))
+    squeezed = shape[:dim] + shape[dim + 1 :]
+    ref = ctx.ref(a["input"])
+    return [_reshape(_slice(ref, dim, i, i + 1), squeezed) for i in range(shape[dim])]
+
+
+def h_narrow(ctx: Context, a: dict[str, Any]) -> str:
+    shape = ctx.shape(a["input"])
+    dim = _dim(a["dim"], len(shape))
+    start, length = a["start"], a["length"]
+    if not isinstance(start, int) or not isinstance(length, int):
+        raise Unsupported("narrow with tensor start")
+    start = start % shape[dim] if start < 0 else start
+    return _slice(ctx.ref(a["input"]), dim, start, start + length)
+
+
+def _clamp_range(start: Any, stop: Any, size: int) -> tuple[int, int]:
+    start = 0 if start is None else start
+    stop = size if stop is None else stop
+    if not isinstance(start, int) or not isinstance(stop, int):
+        raise Unsupported("non-int slice bound")
+    start = max(0, min(size, start + size if start < 0 else start))
+    stop = max(start, min(size, stop + size if stop < 0 else stop))
+    return start, stop
+
+
+def h_aten_slice(ctx: Context, a: dict[str, Any]) -> str:
+    shape = ctx.shape(a["input"])
+    dim = _dim(a["dim"], len(shape))
+    if a["step"] != 1:
+        raise Unsupported("slice step")
+    start, stop = _clamp_range(a["start"], a["end"], shape[dim])
+    return _slice(ctx.ref(a["input"]), dim, start, stop)
+
+
+def h_select(ctx: Context, a: dict[str, Any]) -> str:
+    shape = ctx.shape(a["input"])
+    dim = _dim(a["dim"], len(shape))
+    index = a["index"]
+    if not isinstance(index, int) or not -shape[dim] <= index < shape[dim]:
+        raise Unsupported("select index")
+    index %= shape[dim]
+    return _reshape(_slice(ctx.ref(a["input"]), dim, index, index + 1), shape[:dim] + shape[dim + 1 :])
+
+
+def h_getitem(ctx: Context, a: dict[str, Any]) -> str:
+    container, index = a["input"], a["index"]
+    pieces = ctx.pieces(container)
+    if pieces is not None:
+        if not isinstance(index, int):
+            raise Unsupported("getitem of a split with a non-int index")
+        return pieces[index]
+    return _tensor_index(ctx, container, index)
+
+
+def _tensor_index(ctx: Context, x: Any, index: Any) -> str:
+    """x[index] for ints, slices with step 1, None and Ellipsis."""
+    shape = list(ctx.shape(x))
+    items = list(index) if isinstance(index, tuple) else [index]
+    if any(not (i is None or i is Ellipsis or isinstance(i, (int, slice))) or isinstance(i, bool) for i in items):
+        raise Unsupported("advanced indexing")
+    if items.count(Ellipsis) > 1:
+        raise Unsupported("two ellipses")
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items[at : at + 1] = [slice(None)] * (len(shape) - consumed)
+    items += [slice(None)] * (len(shape) - sum(1 for i in items if i is not None))
+    term, dim, out_shape = ctx.ref(x), 0, []
+    for item in items:
+        if item is None:
+            out_shape.append(1)
+            continue
+        size = shape[dim]
+        if isinstance(item, int):
+            if not -size <= item < size:
+                raise Unsupported("index out of range")
+            i = item % size
+            term = _slice(term, dim, i, i + 1)
+        else:
+            if item.step not in (None, 1):
+                raise Unsupported("slice step")
+            start, stop = _clamp_range(item.start, item.stop, size)
+            if (start, stop) != (0, size):
+                term = _slice(term, dim, start, stop)
+            out_shape.append(stop - start)
+        dim += 1
+    if tuple(out_shape) != ctx.out_shape():
+        raise Unsupported("indexing result shape disagrees with meta")
+    full = tuple(out_shape)
+    return term if _is_plain_slice(items) else _reshape(term, full)
+
+
+def _is_plain_slice(items: list) -> bool:
+    return all(isinstance(i, slice) for i in items)
+
+
+def _tensor_list(ctx: Context, tensors: Any) -> list[str]:
+    pieces = ctx.pieces(tensors)
+    if pieces is not None:
+        return pieces
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise Unsupported("cat of a non-list")
+    return [ctx.ref(t) for t in tensors]
+
+
+def _cons(items: list[str], dim: int) -> str:
+    out = f"(TNil {dim})"
+    for item in reversed(items):
+        out = f"(TCons {item} {out})"
+    return out
+
+
+def h_cat(ctx: Context, a: dict[str, Any]) -> str:
+    out = ctx.out_shape()
+    dim = _dim(a["dim"], len(out))
+    return f"(Cat {_cons(_tensor_list(ctx, a['tensors']), dim)})"
+
+
+def h_stack(ctx: Context, a: dict[str, Any]) -> str:
+    out = ctx.out_shape()
+    dim = _dim(a["dim"], len(out))
+    member = out[:dim] + (1,) + out[dim + 1 :]
+    items = [_reshape(t, member) for t in _tensor_list(ctx, a["tensors"])]
+    return f"(Cat {_cons(items, dim)})"
+
+
+def h_reshape(ctx: Context, a: dict[str, Any]) -> str:
+    """reshape / view / flatten / unflatten / squeeze / unsqueeze: the result shape says it all."""
+    x = ctx.node.args[0] if ctx.node.args else a.get("input")
+    if ctx.node.target in ("view", torch.Tensor.view) and any(isinstance(v, torch.dtype) for v in ctx.node.args[1:]):
+        raise Unsupported("view as dtype")
+    return _reshape(ctx.ref(x), ctx.out_shape())
+
+
+def h_expand(ctx: Context, a: dict[str, Any]) -> str:
+    return f"(Expand {ctx.ref(ctx.node.args[0])} {_vec(ctx.out_shape())})"
+
+
+def h_permute(ctx: Context, a: dict[str, Any]) -> str:
+    x = ctx.node.args[0]
+    rank = len(ctx.shape(x))
+    perm = tuple(_dim(d, rank) for d in _varargs_sizes(ctx.node))
+    if sorted(perm) != list(range(rank)):
+        raise Unsupported("bad permutation")
+    return f"(Permute {ctx.ref(x)} {_vec(perm)})"
+
+
+def h_transpose(ctx: Context, a: dict[str, Any]) -> str:
+    rank = len(ctx.shape(a["input"]))
+    perm = list(range(rank))
+    d0, d1 = _dim(a["dim0"], rank), _dim(a["dim1"], rank)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return f"(Permute {ctx.ref(a['input'])} {_vec(perm)})"
+
+
+def h_t(ctx: Context, a: dict[str, Any]) -> str:
+    rank = len(ctx.shape(a["input"]))
+    if rank < 2:
+        return ctx.ref(a["input"])
+    return f"(Permute {ctx.ref(a['input'])} (vec-of 1 0))"
+
+
+def h_movedim(ctx: Context, a: dict[str, Any]) -> str:
+    rank = len(ctx.shape(a["input"]))
+    src, dst = a["source"], a["destination"]
+    src = [src] if isinstance(src, int) else list(src)
+    dst = [dst] if isinstance(dst, int) else list(dst)
+    src, dst = [_dim(d, rank) for d in src], [_dim(d, rank) for d in dst]
+    perm = [-1] * rank
+    for s, d in zip(src, dst):
+        perm[d] = s
+    rest = iter(d for d in range(rank) if d not in src)
+    perm = [p if p >= 0 else next(rest) for p in perm]
+    return f"(Permute {ctx.ref(a['input'])} {_vec(perm)})"
+
+
+def h_identity(ctx: Context, a: dict[str, Any]) -> str:
+    return ctx.ref(a["input"])
+
+
+def h_dropout(ctx: Context, a: dict[str, Any]) -> str:
+    if a["training"] and a["p"] != 0:
+        raise Unsupported("dropout in training mode is random")
+    return ctx.ref(a["input"])
+
+
+# ---------------------------------------------------------------- arithmetic
+
+_ARITH = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"}
+_REVERSED = {"radd": "add", "rmul": "mul", "rsub": "rsub", "rdiv": "rdiv", "rpow": "rpow"}
+_COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
+_ARITH_TARGETS = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+}
+_SCALAR_TARGETS = {**_ARITH_TARGETS, "rsub": torch.rsub}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def h_arith(name: str) -> Handler:
+    """Tensor-tensor ops become Binary; tensor-scalar ops Scalar (when dtype is kept)."""
+
+    def handler(ctx: Context, a: dict[str, Any]) -> str:
+        if a.get("alpha", 1) != 1 or a.get("rounding_mode") is not None:
+            return ctx.generic(POINTWISE, elementwise=True)
+        x, y = a["input"], a["other"]
+        op = name
+        if op in _REVERSED:
+            x, y, op = y, x, _REVERSED[op]
+            op = "add" if op == "add" else op
+        if isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node):
+            if op not in _ARITH_TARGETS:
+                raise Unsupported(op)
+            key = ctx.named(op, _ARITH_TARGETS[op], 2, POINTWISE)
+            return f"(Binary \"{key}\" {ctx.ref(x)} {ctx.ref(y)})"
+        if _is_number(x) and isinstance(y, torch.fx.Node) and op in _COMMUTATIVE:
+            x, y = y, x
+        elif _is_number(x) and isinstance(y, torch.fx.Node):
+            op, x, y = {"sub": "rsub", "div": "rdiv", "pow": "rpow"}[op], y, x
+        if not (isinstance(x, torch.fx.Node) and _is_number(y)) or not ctx.same_dtype_as_input(x):
+            return ctx.generic(POINTWISE, elementwise=True)
+        key = ctx.named(op, _SCALAR_TARGETS.get(op, op), 1, POINTWISE)
+        return f"(Scalar \"{key}\" {ctx.ref(x)} {float(y)!r})"
+
+    return handler
+
+
+# ---------------------------------------------------------------- generic ops
+
+# Elementwise ops of one tensor (any extra args are constants in the key).
+ELEMENTWISE_UNARY = {
+    "relu", "relu6", "tanh", "sigmoid", "gelu", "silu", "exp", "log", "log1p", "expm1", "neg", "abs",
+    "sqrt", "rsqrt", "reciprocal", "sin", "cos", "square", "clamp", "clamp_min", "clamp_max",
+    "nan_to_num", "detach", "hardtanh", "leaky_relu", "elu", "selu", "softplus", "mish", "hardswish",
+    "hardsigmoid", "erf", "sign", "floor", "ceil", "round", "trunc", "logical_not", "to", "float",
+    "half", "bfloat16", "double", "int", "long", "bool", "type", "clone", "logit",
+}
+# Elementwise ops of several tensors.
+ELEMENTWISE_MULTI = {"where", "lerp", "addcmul", "addcdiv", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge"}
+# Other pure, deterministic ops, by cost-model kind.
+GENERIC_KINDS = {
+    **dict.fromkeys(["softmax", "log_softmax", "sum", "mean", "amax", "amin", "var", "std", "norm",
+                     "layer_norm", "logsumexp", "cumsum", "prod", "argmax", "argmin", "rms_norm"], REDUCTION),
+    **dict.fromkeys(["matmul", "mm", "bmm", "linear", "baddbmm"], MATMUL),
+    **dict.fromkeys(["embedding", "index_select", "gather"], GATHER),
+}
+
+
+def h_generic(kind: str, elementwise: bool = False) -> Handler:
+    def handler(ctx: Context, a: dict[str, Any]) -> str:
+        return ctx.generic(kind, elementwise=elementwise)
+
+    return handler
+
+
+def h_matmul(ctx: Context, a: dict[str, Any]) -> str:
+    key = ctx.named("matmul", torch.matmul, 2, MATMUL)
+    return f"(Op2 \"{key}\" {ctx.ref(a['input'])} {ctx.ref(a['other'])})"
+
+
+def h_linear(ctx: Context, a: dict[str, Any]) -> str:
+    x, w, b = ctx.ref(a["input"]), ctx.ref(a["weight"]), a.get("bias")
+    if b is None:
+        key = ctx.named("linear", F.linear, 2, MATMUL)
+        return f"(Op2 \"{key}\" {x} {w})"
+    key = ctx.named("linear_b", F.linear, 3, MATMUL)
+    return f"(Op3 \"{key}\" {x} {w} {ctx.ref(b)})"
+
+
+def h_addmm(ctx: Context, a: dict[str, Any]) -> str:
+    """addmm(b, x, w) = b + x @ w (beta = alpha = 1 only)."""
+    if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
+        return ctx.generic(MATMUL)
+    mm = ctx.named("matmul", torch.matmul, 2, MATMUL)
+    add = ctx.named("add", torch.add, 2, POINTWISE)
+    return f"(Binary \"{add}\" (Op2 \"{mm}\" {ctx.ref(a['mat1'])} {ctx.ref(a['mat2'])}) {ctx.ref(a['input'])})"
+
+
+# ---------------------------------------------------------------- the table
+
+_X = "input|self|tensor|x"
+_DIM = "dim|axis"
+
+HANDLERS: dict[str, tuple[list[str], dict[str, Any], Handler]] = {
+    "split": ([_X, "size|split_size_or_sections|split_size|split_sizes", _DIM], {"dim": 0}, h_split),
+    "chunk": ([_X, "chunks", _DIM], {"dim": 0}, h_chunk),
+    "unbind": ([_X, _DIM], {"dim": 0}, h_unbind),
+    "narrow": ([_X, _DIM, "start", "length"], {}, h_narrow),
+    "slice": ([_X, _DIM, "start", "end", "step"], {"dim": 0, "start": None, "end": None, "step": 1}, h_aten_slice),
+    "select": ([_X, _DIM, "index"], {}, h_select),
+    "getitem": ([_X, "index"], {}, h_getitem),
+    "cat": (["tensors", _DIM, "out"], {"dim": 0, "out": None}, h_cat),
+    "stack": (["tensors", _DIM, "out"], {"dim": 0, "out": None}, h_stack),
+    "contiguous": ([_X, "memory_format"], {"memory_format": None}, h_identity),
+    "dropout": ([_X, "p", "training", "inplace"], {"p": 0.5, "training": True, "inplace": False}, h_dropout),
+    "transpose": ([_X, "dim0", "dim1"], {}, h_transpose),
+    "t": ([_X], {}, h_t),
+    "movedim": ([_X, "source", "destination"], {}, h_movedim),
+    "matmul": ([_X, "other"], {}, h_matmul),
+    "mm": ([_X, "mat2|other"], {}, lambda c, a: h_matmul(c, {"input": a["input"], "other": a["mat2"]})),
+    "bmm": ([_X, "mat2|other"], {}, lambda c, a: h_matmul(c, {"input": a["input"], "other": a["mat2"]})),
+    "linear": ([_X, "weight", "bias"], {"bias": None}, h_linear),
+    "addmm": ([_X, "mat1", "mat2", "beta", "alpha"], {"beta": 1, "alpha": 1}, h_addmm),
+}
+# Views whose result shape comes from meta: only the input tensor is read.
+for _name in ("reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as"):
+    HANDLERS[_name] = ([], {}, h_reshape)
+for _name in ("expand", "expand_as", "broadcast_to"):
+    HANDLERS[_name] = ([], {}, h_expand)
+HANDLERS["permute"] = ([], {}, h_permute)
+for _name in _ARITH | set(_REVERSED):
+    HANDLERS[_name] = ([_X, "other|exponent", "alpha", "rounding_mode"], {}, h_arith(_name))
+for _name in ELEMENTWISE_UNARY:
+    HANDLERS.setdefault(_name, ([], {}, h_generic(POINTWISE, elementwise=True)))
+for _name in ELEMENTWISE_MULTI:
+    HANDLERS.setdefault(_name, ([], {}, h_generic(POINTWISE, elementwise=True)))
+for _name, _kind in GENERIC_KINDS.items():
+    HANDLERS.setdefault(_name, ([], {}, h_generic(_kind)))
+
+# ---------------------------------------------------------------- modules
+# call_module nodes of symbolic_trace graphs become the functional op, with the
+# module's parameters as leaves: module type -> (op name, functional target,
+# parameter names read, constant kwargs taken from the module).
+
+MODULE_OPS: dict[type, tuple[str, Any, tuple[str, ...], Callable[[nn.Module], dict[str, Any]]]] = {
+    nn.Linear: ("linear", F.linear, ("weight", "bias"), lambda m: {}),
+    nn.ReLU: ("relu", torch.relu, (), lambda m: {}),
+    nn.Tanh: ("tanh", torch.tanh, (), lambda m: {}),
+    nn.Sigmoid: ("sigmoid", torch.sigmoid, (), lambda m: {}),
+    nn.SiLU: ("silu", F.silu, (), lambda m: {}),
+    nn.GELU: ("gelu", F.gelu, (), lambda m: {"approximate": m.approximate}),
+    nn.LayerNorm: ("layer_norm", F.layer_norm, ("weight", "bias"),
+                   lambda m: {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps}),
+    nn.Embedding: ("embedding", F.embedding, ("weight",), lambda m: {"padding_idx": m.padding_idx}),
+    nn.Softmax: ("softmax", F.softmax, (), lambda m: {"dim": m.dim}),
+    nn.Identity: ("identity", None, (), lambda m: {}),
+    nn.Dropout: ("dropout", None, (), lambda m: {}),
+    nn.Flatten: ("flatten", None, (), lambda m: {}),
+}

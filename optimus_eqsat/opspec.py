@@ -1,0 +1,120 @@
+"""Op keys: how an elementwise or generic op of the term language maps back to FX.
+
+The term language names elementwise and generic ops by a String key (``Unary
+"relu" x``, ``Op1 "softmax(dim=1)" x``). The translator registers, for every
+key it emits, an :class:`OpSpec` that says how to rebuild the op as an FX node:
+the call kind, the target, and an argument template whose tensor operands are
+:class:`Slot` placeholders. Equal ops get equal keys, so the e-graph shares them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx
+
+# Cost-model kinds of generic ops (the cost model reads them).
+POINTWISE = "pointwise"
+REDUCTION = "reduction"
+MATMUL = "matmul"
+GATHER = "gather"
+OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The i-th tensor operand of an op key's template."""
+
+    index: int
+
+    def __repr__(self) -> str:
+        return f"${self.index}"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to emit one op key as an FX node."""
+
+    op: str  # "call_function" or "call_method"
+    target: Any
+    args: tuple
+    kwargs: tuple  # sorted (name, value) pairs, hashable
+    kind: str = OTHER
+
+    @property
+    def arity(self) -> int:
+        return len(_slots(self.args) | _slots(dict(self.kwargs)))
+
+    def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node]) -> torch.fx.Node:
+        fill = lambda v: _fill(v, operands)  # noqa: E731
+        return graph.create_node(self.op, self.target, fill(self.args), fill(dict(self.kwargs)))
+
+
+def _slots(value: Any) -> set[int]:
+    if isinstance(value, Slot):
+        return {value.index}
+    if isinstance(value, (tuple, list)):
+        return set().union(*(_slots(v) for v in value)) if value else set()
+    if isinstance(value, dict):
+        return _slots(tuple(value.values()))
+    return set()
+
+
+def _fill(value: Any, operands: list[torch.fx.Node]) -> Any:
+    if isinstance(value, Slot):
+        return operands[value.index]
+    if isinstance(value, tuple):
+        return tuple(_fill(v, operands) for v in value)
+    if isinstance(value, list):
+        return [_fill(v, operands) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, operands) for k, v in value.items()}
+    return value
+
+
+def target_name(target: Any) -> str:
+    """A short, stable name for an FX target (for keys and reports)."""
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__name__", None) or repr(target)
+    module = getattr(target, "__module__", "") or ""
+    if module.startswith("torch._ops"):
+        return str(target)
+    return name
+
+
+@dataclass
+class OpRegistry:
+    """The op keys of one translation, and their specs."""
+
+    specs: dict[str, OpSpec] = field(default_factory=dict)
+    signatures: dict[str, str] = field(default_factory=dict)  # key -> readable full signature
+    _by_signature: dict[str, str] = field(default_factory=dict)
+
+    def register(self, spec: OpSpec) -> str:
+        """Key of a generic op: a short readable token, equal for equal specs."""
+        signature = f"{spec.op} {target_name(spec.target)}{_fmt(spec.args)}{_fmt_kwargs(spec.kwargs)}"
+        key = self._by_signature.get(signature)
+        if key is None:
+            name = re.sub(r"[^A-Za-z0-9_.]", "_", target_name(spec.target).split(".")[-1])
+            key = f"{name}:{len(self._by_signature)}"
+            self._by_signature[signature] = key
+            self.specs[key] = spec
+            self.signatures[key] = signature
+        return key
+
+    def add_named(self, key: str, spec: OpSpec) -> str:
+        """Register a fixed key that rules match on (e.g. "add", "matmul")."""
+        self.specs.setdefault(key, spec)
+        self.signatures.setdefault(key, key)
+        return key
+
+
+def _fmt(args: tuple) -> str:
+    return "(" + ", ".join(repr(a) for a in args) + ")"
+
+
+def _fmt_kwargs(kwargs: tuple) -> str:
+    return "" if not kwargs else "{" + ", ".join(f"{k}={v!r}" for k, v in kwargs) + "}"

@@ -1,0 +1,69 @@
+"""The report of one optimization, reachable as ``result.meta["optimus_eqsat"]``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class OptimizeReport:
+    """What :func:`optimus_eqsat.optimize_graph` did.
+
+    Attributes:
+        nodes_before / nodes_after: FX call nodes (ops) in the input and the result.
+        launches_before / launches_after: kernel launches the cost model predicts.
+        cost_before / cost_after: predicted time (seconds) under the active profile.
+        rules_fired: matches per rule name, over the whole saturation.
+        phase_seconds: time per phase (translate, load, saturate, export, extract, rebuild, verify).
+        stop_reason: why saturation stopped ("saturated", "iteration_limit", ...).
+        iterations, enodes, eclasses: size of the saturated e-graph.
+        extractor: which extractor produced the program; optimal / gap as it reported.
+        fell_back: True when the original graph was returned; fallback_reason says why.
+        opaque_nodes: nodes kept verbatim, with the reason.
+    """
+
+    nodes_before: int = 0
+    nodes_after: int = 0
+    launches_before: int | None = None
+    launches_after: int | None = None
+    cost_before: float | None = None
+    cost_after: float | None = None
+    rules_fired: dict[str, int] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    stop_reason: str | None = None
+    iterations: int = 0
+    enodes: int = 0
+    eclasses: int = 0
+    extractor: str | None = None
+    extraction_cost: float | None = None
+    optimal: bool | None = None
+    gap: float | None = None
+    fell_back: bool = False
+    fallback_reason: str | None = None
+    opaque_nodes: dict[str, str] = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        fired = sorted(self.rules_fired.items(), key=lambda kv: -kv[1])
+        lines = [
+            f"FX op nodes:        {self.nodes_before} -> {self.nodes_after}",
+            f"predicted launches: {self.launches_before} -> {self.launches_after}",
+            f"saturation:         {self.stop_reason} after {self.iterations} iterations, "
+            f"{self.enodes} e-nodes in {self.eclasses} e-classes",
+            f"extraction:         {self.extractor} (optimal={self.optimal}, gap={self.gap})",
+            f"time:               {self.total_seconds:.3f} s "
+            + " ".join(f"{k}={v:.3f}" for k, v in self.phase_seconds.items()),
+            "rules fired:        " + (", ".join(f"{k} x{v}" for k, v in fired if v) or "none"),
+        ]
+        if self.fell_back:
+            lines.append(f"FELL BACK to the original graph: {self.fallback_reason}")
+        return "\n".join(lines)

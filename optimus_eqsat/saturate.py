@@ -1,0 +1,128 @@
+"""The saturation driver: load the language, rule sets and facts; run under limits.
+
+The schedule is one place: every iteration runs each rewrite family once, then
+the shape analysis to saturation (rules that need a shape wait for it). It
+stops when nothing changes (saturated) or at the first exhausted limit, and
+says which in :class:`StopReason`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Iterable
+
+import egglog.bindings as eb
+
+from .rewrites import RuleSet, shape_rules
+
+# Facts are parsed in batches: one huge program parses much slower than many
+# small ones, and one command per call pays Python overhead per node.
+FACT_BATCH = 2000
+
+# Constructors that are not tensor values (helpers rewritten away) count as e-nodes too.
+LANGUAGE = resources.files("optimus_eqsat").joinpath("language.egg").read_text()
+
+
+class StopReason(str, enum.Enum):
+    """Why saturation stopped."""
+
+    SATURATED = "saturated"
+    ITERATION_LIMIT = "iteration_limit"
+    NODE_LIMIT = "node_limit"
+    TIME_LIMIT = "time_limit"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Saturation limits. Defaults keep a 10,000-node graph within a few seconds."""
+
+    max_iterations: int = 12  # split/cat chains need ~1 iteration per list element merged pairwise in parallel; 12 covers deep tangles
+    max_enodes: int = 400_000  # about 40 e-nodes per FX node on a 10,000-node graph
+    time_limit_s: float = 20.0
+
+
+@dataclass
+class SaturationReport:
+    """What one saturation run did."""
+
+    stop_reason: StopReason
+    iterations: int
+    enodes: int
+    seconds: float
+    load_seconds: float
+    rule_matches: Counter = field(default_factory=Counter)
+    rule_seconds: Counter = field(default_factory=Counter)
+    history: list[dict] = field(default_factory=list)  # per iteration: enodes, seconds, matches
+
+
+class EGraphSession:
+    """An egglog e-graph holding one program's facts, and the rule sets loaded into it."""
+
+    def __init__(self, rulesets: Iterable[RuleSet]):
+        self.egraph = eb.EGraph()
+        self.rulesets = list(rulesets)
+        self._run(LANGUAGE)
+        self._run(shape_rules().program)
+        for ruleset in self.rulesets:
+            self._run(ruleset.program)
+
+    def _run(self, program: str) -> list:
+        return self.egraph.run_program(*self.egraph.parse_program(program))
+
+    def load(self, facts: list[str]) -> float:
+        start = time.perf_counter()
+        for i in range(0, len(facts), FACT_BATCH):
+            self._run("\n".join(facts[i : i + FACT_BATCH]))
+        return time.perf_counter() - start
+
+    def enode_count(self) -> int:
+        # egglog logs every print-size result at INFO; that is noise for our users
+        egglog_log = logging.getLogger("egglog")
+        level = egglog_log.level
+        egglog_log.setLevel(logging.WARNING)
+        try:
+            (sizes,) = self._run("(print-size)")
+        finally:
+            egglog_log.setLevel(level)
+        return sum(n for name, n in sizes.sizes if name[:1].isupper())
+
+    def saturate(self, limits: Limits) -> SaturationReport:
+        """Run the schedule until saturated or a limit is hit."""
+        families = " ".join(f"(run {r.name})" for r in self.rulesets)
+        step = f"(run-schedule (saturate (run shapes)) (seq {families}) (saturate (run shapes)))"
+        report = SaturationReport(StopReason.SATURATED, 0, 0, 0.0, 0.0)
+        start = time.perf_counter()
+        while True:
+            if report.iterations >= limits.max_iterations:
+                report.stop_reason = StopReason.ITERATION_LIMIT
+                break
+            t0 = time.perf_counter()
+            (output,) = self._run(step)
+            run = output.report
+            matches = Counter(run.num_matches_per_rule)
+            report.rule_matches.update(matches)
+            for rule, spent in run.search_and_apply_time_per_rule.items():
+                report.rule_seconds[rule] += spent.total_seconds()
+            report.iterations += 1
+            enodes = self.enode_count()
+            report.history.append(
+                {"iteration": report.iterations, "enodes": enodes, "seconds": time.perf_counter() - t0,
+                 "matches": dict(matches)}
+            )
+            if not run.updated:
+                report.stop_reason = StopReason.SATURATED
+                break
+            if enodes > limits.max_enodes:
+                report.stop_reason = StopReason.NODE_LIMIT
+                break
+            if time.perf_counter() - start > limits.time_limit_s:
+                report.stop_reason = StopReason.TIME_LIMIT
+                break
+        report.enodes = self.enode_count()
+        report.seconds = time.perf_counter() - start
+        return report

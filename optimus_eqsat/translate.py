@@ -1,0 +1,398 @@
+"""FX graph -> egglog facts, one command per node, never recursive in graph depth.
+
+Every node i whose op the term language knows becomes ``(union (Id i) TERM)``,
+where TERM names its inputs ``(Id j)``. Placeholders, parameters and opaque
+nodes become ``(Leaf i)``; the rebuilder copies opaque nodes verbatim. Split
+family nodes (split, chunk, unbind) produce no fact of their own: their pieces
+are Slice terms that the getitem users take.
+
+Mutation: a value that is mutated (in place ops, ``out=``, setitem), everything
+that aliases it (views, unknown ops) and every reader of those is opaque and
+*ordered*: the rebuilder emits ordered nodes in their original order. Random
+and unknown ops are ordered too, so side effects keep their order.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from . import normalize
+from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind, canonical_name
+from .opspec import OpRegistry, OpSpec, Slot
+
+log = logging.getLogger(__name__)
+
+# Ops that return a view of (or the same storage as) an input.
+VIEW_OPS = {
+    "reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as", "expand",
+    "expand_as", "broadcast_to", "permute", "transpose", "t", "movedim", "getitem", "slice", "select",
+    "narrow", "split", "chunk", "unbind", "detach", "contiguous", "alias", "as_strided", "diagonal",
+    "real", "imag", "view_as_real", "view_as_complex", "unfold", "T", "mT", "H", "dropout", "identity",
+}
+# Random ops keep their order (the RNG stream is a side effect).
+RANDOM_OPS = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "bernoulli",
+              "multinomial", "normal", "uniform", "randperm", "poisson", "native_dropout"}
+
+
+class Impure(Unsupported):
+    """A known op with a side effect (random, in training mode): opaque and ordered."""
+
+
+@dataclass
+class Translation:
+    """The facts for one graph, and what the rebuilder needs to map terms back."""
+
+    gm: torch.fx.GraphModule
+    nodes: list[torch.fx.Node]
+    facts: list[str] = field(default_factory=list)
+    status: dict[int, str] = field(default_factory=dict)  # "term" | "leaf" | "pieces" | "opaque" | "output"
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[int, torch.dtype] = field(default_factory=dict)
+    param_leaves: dict[int, str] = field(default_factory=dict)  # synthetic leaf id -> parameter path
+    ordered: set[int] = field(default_factory=set)
+    opaque_reasons: dict[int, str] = field(default_factory=dict)
+    registry: OpRegistry = field(default_factory=OpRegistry)
+    copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
+    roots: list[int] = field(default_factory=list)  # ids whose classes are extracted
+
+    @property
+    def index(self) -> dict[torch.fx.Node, int]:
+        return {n: i for i, n in enumerate(self.nodes)}
+
+
+def _value_shape(value: Any) -> tuple[int, ...] | None:
+    shape = getattr(value, "shape", None)
+    if shape is None or not all(isinstance(s, int) for s in shape):
+        return None  # symbolic (dynamic) sizes: shape-dependent rules stay off
+    return tuple(int(s) for s in shape)
+
+
+def _meta_value(node: torch.fx.Node) -> Any:
+    for key in ("val", "example_value"):
+        if key in node.meta:
+            return node.meta[key]
+    return node.meta.get("tensor_meta")
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the graph on example inputs, recording each node's shape and dtype."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.seen: dict[torch.fx.Node, Any] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        if isinstance(out, torch.Tensor):
+            self.seen[n] = torch.empty(0).new_empty(out.shape, dtype=out.dtype, device="meta")
+        return out
+
+
+def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dict[torch.fx.Node, Any]:
+    """Meta tensors per node from one run on example inputs (empty if the run fails)."""
+    recorder = _Recorder(gm)
+    try:
+        with torch.no_grad():
+            recorder.run(*example_inputs)
+    except Exception as exc:  # a graph that cannot run here still optimizes, without shapes
+        log.info("optimus_eqsat: could not run example inputs for shapes: %s", exc)
+    return recorder.seen
+
+
+# ---------------------------------------------------------------- mutation analysis
+
+
+def _inplace_position(target: Any) -> int | None:
+    try:
+        params = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("inplace") if "inplace" in params else None
+
+
+def is_mutating(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Does this node write to one of its inputs?"""
+    if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
+        return True
+    target = node.target
+    if node.op == "call_method":
+        return str(target).endswith("_") and not str(target).startswith("_")
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(str(target)), "inplace", False) is True
+    if node.op != "call_function":
+        return False
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    if target is operator.setitem or getattr(target, "__name__", "").startswith("__i"):
+        return True
+    name = getattr(target, "__name__", "")
+    if name.endswith("_") and not name.startswith("_"):
+        return True
+    if target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
+        return True
+    position = _inplace_position(target) if getattr(target, "__module__", "") == F.__name__ else None
+    return position is not None and len(node.args) > position and node.args[position] is True
+
+
+def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
+    """(nodes that must stay opaque, nodes whose relative order must be kept)."""
+    mutating = {n for n in nodes if n.op in ("call_function", "call_method", "call_module") and is_mutating(gm, n)}
+    if not mutating:
+        return set(), set()
+
+    def aliasing(n: torch.fx.Node) -> bool:  # unknown ops may alias too
+        name = canonical_name(n)
+        return n.op == "call_module" or name is None or name in VIEW_OPS or n in mutating
+
+    tainted: set[torch.fx.Node] = set()
+    work = [n.args[0] for n in mutating if n.args and isinstance(n.args[0], torch.fx.Node)] + list(mutating)
+    while work:
+        n = work.pop()
+        if n in tainted:
+            continue
+        tainted.add(n)
+        if aliasing(n):  # the base of a view is written through the view
+            work.extend(a for a in n.all_input_nodes if a not in tainted)
+        work.extend(u for u in n.users if aliasing(u) and u not in tainted)
+    readers = {u for n in tainted for u in n.users}
+    forced = {n for n in tainted | readers if n.op not in ("placeholder", "get_attr", "output")}
+    return forced, forced | mutating
+
+
+# ---------------------------------------------------------------- translator
+
+
+class Translator:
+    """Builds a :class:`Translation` for one GraphModule."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: tuple | list | None = None):
+        self.gm = gm
+        self.nodes = list(gm.graph.nodes)
+        self.ids = {n: i for i, n in enumerate(self.nodes)}
+        self.t = Translation(gm, self.nodes)
+        self.split_pieces: dict[int, list[str]] = {}
+        self.node: torch.fx.Node | None = None
+        recorded = {}
+        if example_inputs is not None and any(_meta_value(n) is None for n in self.nodes if n.op != "output"):
+            recorded = record_shapes(gm, example_inputs)
+        for i, n in enumerate(self.nodes):
+            value = _meta_value(n)
+            if value is None or _value_shape(value) is None:
+                value = recorded.get(n, value)
+            shape = _value_shape(value) if value is not None else None
+            if shape is not None and not isinstance(value, (tuple, list)):
+                self.t.shapes[i] = shape
+                dtype = getattr(value, "dtype", None)
+                if isinstance(dtype, torch.dtype):
+                    self.t.dtypes[i] = dtype
+
+    # -- Context protocol for handlers
+    def ref(self, value: Any) -> str:
+        if not isinstance(value, torch.fx.Node):
+            raise Unsupported(f"{value!r} is not a tensor value")
+        i = self.ids[value]
+        if self.t.status.get(i) not in ("term", "leaf", "opaque"):
+            raise Unsupported(f"{value.name} is not a tensor term")
+        return f"(Id {i})"
+
+    def shape(self, value: Any) -> tuple[int, ...]:
+        shape = self.t.shapes.get(self.ids.get(value, -1)) if isinstance(value, torch.fx.Node) else None
+        if shape is None:
+            raise Unsupported("unknown shape")
+        return shape
+
+    def out_shape(self) -> tuple[int, ...]:
+        return self.shape(self.node)
+
+    def same_dtype_as_input(self, value: Any) -> bool:
+        dtypes = self.t.dtypes
+        a, b = dtypes.get(self.ids.get(value, -1)), dtypes.get(self.ids[self.node])
+        return a is not None and a == b
+
+    def pieces(self, value: Any) -> list[str] | None:
+        return self.split_pieces.get(self.ids[value]) if isinstance(value, torch.fx.Node) else None
+
+    def named(self, key: str, target: Any, n_operands: int, kind: str) -> str:
+        spec = OpSpec("call_function", target, tuple(Slot(i) for i in range(n_operands)), (), kind)
+        return self.t.registry.add_named(key, spec)
+
+    def generic(self, kind: str, elementwise: bool = False, *, op: str | None = None, target: Any = None,
+                args: tuple | None = None, kwargs: dict | None = None) -> str:
+        """An op kept as is, keyed by its target and constant arguments."""
+        node = self.node
+        op = op or node.op
+        target = node.target if target is None else target
+        args = node.args if args is None else args
+        kwargs = dict(node.kwargs if kwargs is None else kwargs)
+        operands: list[str] = []
+
+        def slot(value: Any) -> Any:
+            if isinstance(value, torch.fx.Node):
+                operands.append(self.ref(value))
+                return Slot(len(operands) - 1)
+            if isinstance(value, (list, tuple)):
+                return type(value)(slot(v) for v in value)
+            if isinstance(value, dict):
+                raise Unsupported("dict argument")
+            return value
+
+        template = tuple(slot(a) for a in args)
+        kw = tuple(sorted((k, slot(v)) for k, v in kwargs.items()))
+        if op not in ("call_function", "call_method"):
+            raise Unsupported(op)
+        try:
+            hash((template, kw))
+        except TypeError as exc:
+            raise Unsupported(f"unhashable argument: {exc}") from None
+        key = self.t.registry.register(OpSpec(op, target, template, kw, kind))
+        if elementwise and len(operands) == 1:
+            return f"(Unary \"{key}\" {operands[0]})"
+        if 1 <= len(operands) <= 3:
+            return f"(Op{len(operands)} \"{key}\" {' '.join(operands)})"
+        raise Unsupported(f"{len(operands)} tensor operands")
+
+    # -- translation
+    def run(self) -> Translation:
+        forced, ordered = ordered_nodes(self.gm, self.nodes)
+        t = self.t
+        for i, node in enumerate(self.nodes):
+            self.node = node
+            if node.op in ("placeholder", "get_attr"):
+                self._leaf(i)
+            elif node.op == "output":
+                t.status[i] = "output"
+            elif node in forced:
+                self._opaque(i, "reads or writes mutated memory", ordered=True)
+            else:
+                try:
+                    self._call(i, node)
+                except Impure as exc:
+                    self._opaque(i, str(exc), ordered=True)
+                except Unsupported as exc:
+                    self._opaque(i, str(exc), ordered=node in ordered or canonical_name(node) is None)
+        self._collect_roots()
+        return t
+
+    def _emit(self, i: int, term: str) -> None:
+        self.t.facts.append(f"(union (Id {i}) {term})")
+        self.t.status[i] = "term"
+        if i in self.t.shapes:
+            self.t.facts.append(f"(set (shape (Id {i})) {normalize._vec(self.t.shapes[i])})")
+
+    def _leaf(self, i: int) -> None:
+        self.t.status[i] = "leaf"
+        self._emit(i, f"(Leaf {i})")
+        self.t.status[i] = "leaf"
+
+    def _opaque(self, i: int, reason: str, ordered: bool) -> None:
+        self.t.opaque_reasons[i] = reason
+        self._emit(i, f"(Leaf {i})")
+        self.t.status[i] = "opaque"
+        if ordered:
+            self.t.ordered.add(i)
+
+    def _call(self, i: int, node: torch.fx.Node) -> None:
+        if node.op == "call_module":
+            return self._emit(i, self._module(node))
+        name = canonical_name(node)
+        if name is None:
+            raise Unsupported(f"unknown target {node.target}")
+        if name in RANDOM_OPS:
+            raise Impure(f"{name} is random")
+        if name not in HANDLERS:
+            raise Unsupported(f"no handler for {name}")
+        params, defaults, handler = HANDLERS[name]
+        bound = bind(node, params, defaults) if params else {}
+        if name in ("split", "chunk", "unbind"):
+            self._check_piece_users(node)
+        result = handler(self, bound)
+        if isinstance(result, list):
+            self.split_pieces[i] = result
+            self.t.status[i] = "pieces"
+        else:
+            self._emit(i, result)
+
+    def _check_piece_users(self, node: torch.fx.Node) -> None:
+        for user in node.users:
+            name = canonical_name(user)
+            if name == "getitem" and isinstance(user.args[1], int):
+                continue
+            if name in ("cat", "stack") and user.args and user.args[0] is node:
+                continue
+            raise Unsupported(f"split result used whole by {user.name}")
+
+    def _module(self, node: torch.fx.Node) -> str:
+        module = self.gm.get_submodule(str(node.target))
+        entry = MODULE_OPS.get(type(module))
+        if entry is None or node.kwargs or len(node.args) != 1:
+            raise Unsupported(f"module {type(module).__name__}")
+        name, target, param_names, constants = entry
+        x = node.args[0]
+        if name == "identity" or (name == "dropout" and (not module.training or module.p == 0)):
+            return self.ref(x)
+        if name == "dropout":
+            raise Impure("dropout module in training mode")
+        if name == "flatten":
+            return f"(Reshape {self.ref(x)} {normalize._vec(self.out_shape())})"
+        params = [self._param_leaf(f"{node.target}.{p}", getattr(module, p)) for p in param_names]
+        if name == "linear":
+            return normalize.h_linear(self, {"input": x, "weight": params[0], "bias": params[1]})
+        kwargs = constants(module)
+        args: tuple = (x,)
+        if name == "layer_norm":
+            args = (x, kwargs.pop("normalized_shape"), *params)
+        elif name == "embedding":
+            args = (x, *params)
+        kind = normalize.GENERIC_KINDS.get(name, normalize.POINTWISE)
+        elementwise = name in normalize.ELEMENTWISE_UNARY
+        return self.generic(kind, elementwise, op="call_function", target=target, args=args, kwargs=kwargs)
+
+    def _param_leaf(self, path: str, value: Any) -> torch.fx.Node | None:
+        """A module parameter as a leaf: a synthetic get_attr node (added to the id table)."""
+        if value is None:
+            return None
+        for i, existing in self.t.param_leaves.items():
+            if existing == path:
+                return self.nodes[i]
+        stub = torch.fx.Node(self.gm.graph, f"_param_{len(self.nodes)}", "get_attr", path, (), {})
+        i = len(self.nodes)
+        self.nodes.append(stub)
+        self.ids[stub] = i
+        self.t.param_leaves[i] = path
+        self.t.shapes[i] = tuple(value.shape)
+        self.t.dtypes[i] = value.dtype
+        self._leaf(i)
+        return stub
+
+    def _collect_roots(self) -> None:
+        """Classes to extract: graph outputs and inputs of verbatim-copied nodes."""
+        t = self.t
+        roots: dict[int, None] = {}
+        work = [i for i, s in t.status.items() if s in ("opaque", "output")]
+        seen = set(work)
+        while work:
+            i = work.pop()
+            t.copied.add(i)
+            for arg in self.nodes[i].all_input_nodes:
+                j = self.ids[arg]
+                if t.status[j] == "pieces":
+                    if j not in seen:  # a split read whole by an opaque node is copied too
+                        seen.add(j)
+                        work.append(j)
+                elif t.status[j] in ("term", "leaf"):
+                    roots[j] = None
+        t.copied -= {i for i, s in t.status.items() if s == "output"}
+        t.roots = list(roots)
+
+
+def translate(gm: torch.fx.GraphModule, example_inputs: tuple | list | None = None) -> Translation:
+    """Translate a GraphModule into egglog facts."""
+    return Translator(gm, example_inputs).run()

@@ -1,0 +1,197 @@
+"""Cost model table, node classification in three graph flavours, and
+predicted launch counts for tiny modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from torch import nn
+
+from optimus_eqsat.extract.cost_model import PROFILES, DeviceProfile, KernelKind as K, get_profile, kernel_time
+from optimus_eqsat.extract.fx_cost import (
+    classify_node,
+    predict_kernels,
+    predicted_launches,
+    predicted_time,
+)
+from optimus_eqsat.inductor_count import capture_dynamo_graphs
+
+
+# ---------------------------------------------------------------- profiles
+
+def test_profiles_documented_and_overridable():
+    assert {"h100", "h200", "a100", "cpu"} <= set(PROFILES)
+    assert PROFILES["h200"].mem_bandwidth_bytes_per_s > PROFILES["h100"].mem_bandwidth_bytes_per_s
+    fast = get_profile("H100", launch_overhead_s=1e-6)
+    assert fast.launch_overhead_s == 1e-6 and PROFILES["h100"].launch_overhead_s == 5e-6
+    assert get_profile(fast) is fast
+    with pytest.raises(KeyError):
+        get_profile("tpu")
+
+
+def test_kernel_time_roofline():
+    p = DeviceProfile("t", launch_overhead_s=1.0, mem_bandwidth_bytes_per_s=10.0,
+                      matmul_flops_per_s=100.0, pointwise_flops_per_s=10.0, bandwidth_efficiency=1.0)
+    assert kernel_time(p, K.VIEW, 1e9, 1e9) == 0.0
+    assert kernel_time(p, K.NONE, 1e9, 1e9) == 0.0
+    assert kernel_time(p, K.POINTWISE, 20, 10) == pytest.approx(3.0)  # memory bound
+    assert kernel_time(p, K.MATMUL, 10, 1000) == pytest.approx(11.0)  # compute bound
+    assert kernel_time(p, K.OPAQUE, 0, 0) == pytest.approx(1.0)  # launch only
+
+
+# ---------------------------------------------------------------- modules
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.ln = nn.LayerNorm(8)
+        self.emb = nn.Embedding(10, 8)
+        self.bag = nn.EmbeddingBag(10, 8)
+
+    def forward(self, x, idx):
+        a, b = x.split(4, dim=1)
+        y = self.act(self.lin(torch.cat([b, a], dim=1)))
+        z = self.ln(y).permute(1, 0).t() + self.emb(idx)
+        return z.sum(1), self.bag(idx.view(2, 2))
+
+
+def _inputs():
+    return torch.randn(4, 8), torch.tensor([1, 2, 3, 4])
+
+
+def _kinds_by_label(gm: fx.GraphModule) -> dict[str, K]:
+    out = {}
+    for n in gm.graph.nodes:
+        label = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+        out[str(label)] = classify_node(gm, n)
+    return out
+
+
+def test_classify_symbolic_trace():
+    kinds = _kinds_by_label(fx.symbolic_trace(Block()))
+    assert kinds["lin"] is K.MATMUL and kinds["act"] is K.POINTWISE
+    assert kinds["ln"] is K.REDUCTION and kinds["emb"] is K.GATHER and kinds["bag"] is K.OPAQUE
+    assert kinds["split"] is K.VIEW and kinds["getitem"] is K.VIEW and kinds["permute"] is K.VIEW
+    assert kinds["cat"] is K.CAT and kinds["add"] is K.POINTWISE and kinds["sum"] is K.REDUCTION
+    assert kinds["x"] is K.NONE and kinds["output"] is K.NONE
+
+
+def test_classify_dynamo_graph():
+    (gm,) = capture_dynamo_graphs(Block().eval(), _inputs())
+    kinds = _kinds_by_label(gm)
+    assert kinds["linear"] is K.MATMUL and kinds["relu"] is K.POINTWISE
+    assert kinds["layer_norm"] is K.REDUCTION and kinds["embedding"] is K.GATHER
+    assert kinds["embedding_bag"] is K.OPAQUE and kinds["cat"] is K.CAT
+    assert kinds["split"] is K.VIEW and kinds["t"] is K.VIEW
+
+
+def test_classify_aten_export_graph():
+    ep = torch.export.export(Block().eval(), _inputs()).run_decompositions()
+    gm = ep.graph_module
+    by_op = {}
+    for n in gm.graph.nodes:
+        if isinstance(n.target, torch._ops.OpOverload):
+            by_op[n.target.overloadpacket.__name__] = classify_node(gm, n)
+    assert by_op["addmm"] is K.MATMUL and by_op["relu"] is K.POINTWISE
+    assert by_op["cat"] is K.CAT and by_op["permute"] is K.VIEW
+    assert by_op["embedding"] is K.GATHER and by_op["sum"] is K.REDUCTION
+    assert predicted_launches(gm, profile="h100") >= 3
+
+
+def test_scalar_arithmetic_is_free():
+    def f(x):
+        return x.view(x.size(0) * 2, -1).relu()
+    (gm,) = capture_dynamo_graphs(f, (torch.randn(4, 6),))
+    assert predicted_launches(gm) == 1
+
+
+# ---------------------------------------------------------- launch counts
+
+def _launches(fn, *inputs, profile="h100"):
+    gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
+    return predicted_launches(gm, inputs, profile=profile)
+
+
+class PointwiseChain(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x.relu() + 1)
+
+
+class LinearRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+class SplitCatLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        a, b = x.split(4, dim=1)
+        return self.lin(torch.cat([b, a], dim=1))
+
+
+class SplitCatRelu(nn.Module):
+    def forward(self, x):
+        a, b = x.split(4, dim=1)
+        return torch.cat([b, a], dim=1).relu()
+
+
+class CycleRisk(nn.Module):
+    """relu -> mm -> add(relu, mm): relu and add cannot share a kernel."""
+
+    def forward(self, x, w):
+        a = x.relu()
+        return a + a @ w
+
+
+@pytest.mark.parametrize("profile", ["h100", "cpu"])
+@pytest.mark.parametrize(
+    "module, inputs, expected",
+    [
+        (PointwiseChain(), (torch.randn(4, 8),), 1),
+        (LinearRelu(), (torch.randn(4, 8),), 2),
+        (SplitCatLinear(), (torch.randn(4, 8),), 2),  # cat copy + addmm
+        (SplitCatRelu(), (torch.randn(4, 8),), 1),  # cat fused into relu
+        (nn.LayerNorm(8), (torch.randn(4, 8),), 1),
+        (nn.Embedding(10, 8), (torch.tensor([1, 2]),), 1),
+        (CycleRisk(), (torch.randn(4, 8), torch.randn(8, 8)), 3),
+    ],
+)
+def test_predicted_launches_tiny(module, inputs, expected, profile):
+    assert _launches(module, *inputs, profile=profile) == expected
+
+
+def test_triton_reductions_of_different_shapes_do_not_fuse():
+    def f(x):
+        return x.sum(0), x.sum(1)
+    (gm,) = capture_dynamo_graphs(f, (torch.randn(4, 8),))
+    assert predicted_launches(gm, profile="h100") == 2
+    assert predicted_launches(gm, profile="cpu") == 1  # one C++ kernel
+
+
+def test_kernel_details_and_time():
+    gm = fx.symbolic_trace(LinearRelu())
+    kernels = predict_kernels(gm, (torch.randn(4, 8),), profile="h100")
+    assert [k.kind for k in kernels] == [K.MATMUL, K.POINTWISE]
+    assert "addmm" in kernels[0].note and kernels[0].flops == 2 * 4 * 8 * 8
+    assert all(k.bytes_moved > 0 and k.seconds >= 5e-6 for k in kernels)
+    t_h100 = predicted_time(gm, (torch.randn(4, 8),), profile="h100")
+    assert t_h100 == pytest.approx(sum(k.seconds for k in kernels))
+    assert predicted_time(gm, (torch.randn(4, 8),), profile="cpu") < t_h100  # cheaper launches
+
+
+def test_tiny_matmul_decomposed_on_cpu():
+    head = nn.Linear(8, 1)  # M == 1, N == 1: Inductor's CPU decomposition
+    gm = fx.symbolic_trace(head)
+    assert predicted_launches(gm, (torch.randn(1, 8),), profile="cpu") == 1
+    assert predict_kernels(gm, (torch.randn(1, 8),), profile="cpu")[0].kind is K.REDUCTION
+    assert predict_kernels(gm, (torch.randn(1, 8),), profile="h100")[0].kind is K.MATMUL

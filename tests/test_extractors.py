@@ -1,0 +1,269 @@
+"""Extractors on tiny crafted e-graphs (sharing, cycles, inf costs) and big synthetic ones."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+
+import pytest
+
+from benchmarks.bench_extractors import batching, chain, splitcat_chain, wide
+from optimus_eqsat.extract.egraph import (
+    ENode,
+    Extraction,
+    ExtractionError,
+    ExtractionGraph,
+    compact,
+    dag_cost,
+)
+from optimus_eqsat.extract.extractors import Extractor, get_extractor
+from optimus_eqsat.extract.greedy import greedy_pass
+
+INF = math.inf
+NAMES = ["greedy", "ilp", "auto"]
+
+
+def N(op: str, *children: int, cost: float = 1.0) -> ENode:
+    return ENode(op, tuple(children), cost)
+
+
+def check(graph: ExtractionGraph, ext: Extraction) -> None:
+    """The result is a complete, acyclic, finite program whose cost is its DAG cost."""
+    assert dag_cost(graph, ext.choice) == pytest.approx(ext.cost)
+    assert math.isfinite(ext.cost)
+    for c, k in ext.choice.items():
+        assert graph.classes[c][k].cost != INF
+
+
+def batched_slices(users: int = 5) -> ExtractionGraph:
+    """Y_i = {own kernel 1, slice_i(B) 0}, B = {batched 2}, root = cat(Y_*) 0."""
+    b = users
+    classes = [[N("own"), N(f"slice{i}", b, cost=0)] for i in range(users)]
+    classes.append([N("batched", cost=2)])
+    classes.append([N("cat", *range(users), cost=0)])
+    return ExtractionGraph(classes, [users + 1])
+
+
+# ------------------------------------------------------------------ sharing
+
+
+def test_batched_node_shared_by_many_users_tree_cost_is_wrong() -> None:
+    g = batched_slices()
+    cg = compact(g)
+    comps, cyclic, labels = cg.components()
+    tree = greedy_pass(cg, comps, cyclic, labels, cg.node_cost, [1.0] * cg.n_classes)
+    assert cg.to_choice(tree)[1] == 5  # tree cost: every Y_i keeps its own kernel
+    ilp = get_extractor("ilp").extract(g)
+    check(g, ilp)
+    assert ilp.cost == 2 and ilp.optimal and ilp.extractor == "ilp"
+    assert all(ilp.choice[i] == 1 for i in range(5))  # all slices of the batched op
+    greedy = get_extractor("greedy").extract(g)
+    check(g, greedy)
+    assert greedy.cost == 2  # the amortized pass credits the sharing
+
+
+def test_batching_not_worth_it_for_two_users() -> None:
+    g = batched_slices(users=2)  # 2 own kernels (2) vs batched (2): a tie, no gain
+    for name in NAMES:
+        ext = get_extractor(name).extract(g)
+        check(g, ext)
+        assert ext.cost == 2
+
+
+def test_multiple_roots_share_a_subterm() -> None:
+    # S is paid once for both roots; R2 may use R1 (already an output) for 1.
+    s, r1, r2 = 0, 1, 2
+    g = ExtractionGraph(
+        [[N("s", cost=10)], [N("f", s, cost=1)], [N("g", r1, cost=1), N("h", s, cost=1.5), N("leaf", cost=1.5)]],
+        [r1, r2],
+    )
+    for name in NAMES:
+        ext = get_extractor(name).extract(g)
+        check(g, ext)
+        assert ext.cost == 12
+        assert ext.choice[r2] == 0
+
+
+def test_reuse_beats_tree_cost_on_deep_sharing() -> None:
+    g = chain(40)  # X_i = {op(X_i-1) 1, op2(X_i-1, X_i-2) 0.5}: op2 is free sharing
+    n = len(g.classes)
+    for name in NAMES:
+        ext = get_extractor(name).extract(g)
+        check(g, ext)
+        assert ext.cost == 1 + 0.5 * (n - 2)
+
+
+# ------------------------------------------------------------------- cycles
+
+
+def test_slice_cat_cycle_is_never_chosen() -> None:
+    # X = {leaf 1, slice(C) 0}, C = {cat(X, Y) 0}, Y = {y 0}: slice(C) would be free but cyclic.
+    x, c, y = 0, 1, 2
+    classes = [[N("leaf", cost=1), N("slice", c, cost=0)], [N("cat", x, y, cost=0)], [N("y", cost=0)]]
+    for root in (x, c):
+        g = ExtractionGraph(classes, [root])
+        for name in NAMES:
+            ext = get_extractor(name).extract(g)
+            check(g, ext)
+            assert ext.cost == 1 and ext.choice[x] == 0
+
+
+def test_self_loop_node_is_never_chosen() -> None:
+    g = ExtractionGraph([[N("id", 0, cost=0), N("leaf", cost=3)]], [0])
+    for name in NAMES:
+        ext = get_extractor(name).extract(g)
+        assert ext.choice == {0: 1} and ext.cost == 3
+
+
+def test_only_cyclic_programs_raise() -> None:
+    g = ExtractionGraph([[N("slice", 1, cost=0)], [N("cat", 0, cost=0)]], [0])
+    for name in NAMES:
+        with pytest.raises(ExtractionError, match="no finite acyclic"):
+            get_extractor(name).extract(g)
+
+
+def test_splitcat_cycles_pick_the_pointwise_chain() -> None:
+    g = splitcat_chain(60)  # 10 levels, each a 3-class slice/cat cycle
+    for name in NAMES:
+        ext = get_extractor(name).extract(g)
+        check(g, ext)
+        assert ext.cost == 10
+
+
+# ---------------------------------------------------------------- inf costs
+
+
+def test_infinite_cost_nodes_are_never_chosen() -> None:
+    g = ExtractionGraph([[N("forbidden", 1, cost=INF), N("leaf", cost=5)], [N("z", cost=0)]], [0])
+    for name in NAMES:
+        ext = get_extractor(name).extract(g)
+        assert ext.choice == {0: 1} and ext.cost == 5
+
+
+def test_root_with_only_infinite_nodes_raises() -> None:
+    g = ExtractionGraph([[N("forbidden", cost=INF)], [N("ok", 0, cost=1)]], [1])
+    for name in NAMES:
+        with pytest.raises(ExtractionError):
+            get_extractor(name).extract(g)
+
+
+# ---------------------------------------------------------------- interface
+
+
+def test_dag_cost_rejects_cycles_and_missing_classes() -> None:
+    x, c, y = 0, 1, 2
+    g = ExtractionGraph([[N("leaf", cost=1), N("slice", c, cost=0)], [N("cat", x, y, cost=2)], [N("y", cost=4)]], [c])
+    assert dag_cost(g, {c: 0, x: 0, y: 0}) == 7
+    assert dag_cost(g, {c: 0, x: 0, y: 0, 99: 0}) == 7  # unreachable entries are ignored
+    with pytest.raises(ExtractionError, match="cycle"):
+        dag_cost(g, {c: 0, x: 1, y: 0})
+    with pytest.raises(ExtractionError, match="misses"):
+        dag_cost(g, {c: 0, x: 0})
+
+
+def test_registry() -> None:
+    for name in NAMES:
+        ext = get_extractor(name)
+        assert isinstance(ext, Extractor) and ext.name == name
+    with pytest.raises(ValueError, match="unknown extractor"):
+        get_extractor("simplex")
+    with pytest.raises(ExtractionError, match="cost"):
+        get_extractor("greedy").extract(ExtractionGraph([[N("neg", cost=-1)]], [0]))
+
+
+def test_auto_skips_the_ilp_on_big_graphs() -> None:
+    g = batched_slices()
+    ext = get_extractor("auto", max_ilp_nodes=3).extract(g)
+    assert ext.extractor == "greedy" and "skipped" in str(ext.info["stop"])
+
+
+def test_ilp_time_limit_never_worse_than_greedy() -> None:
+    g = batching(200, 3)
+    greedy = get_extractor("greedy").extract(g)
+    ext = get_extractor("ilp", time_limit=0.01).extract(g)
+    check(g, ext)
+    assert ext.cost <= greedy.cost
+
+
+# ------------------------------------------------------------ random graphs
+
+
+def random_graph(rng: random.Random, max_classes: int = 6) -> ExtractionGraph:
+    """Up to ``max_classes`` x 3 nodes, random children (cycles, self-loops), some inf costs."""
+    n = rng.randint(1, max_classes)
+    costs = [0.0, 0.5, 1.0, 2.0, 3.0, INF]
+    classes = []
+    for _ in range(n):
+        nodes = []
+        for j in range(rng.randint(1, 3)):
+            k = rng.choice([0, 0, 1, 1, 2, 3])
+            nodes.append(ENode(f"op{j}", tuple(rng.randrange(n) for _ in range(k)), rng.choice(costs)))
+        classes.append(nodes)
+    roots = rng.sample(range(n), rng.randint(1, min(2, n)))
+    return ExtractionGraph(classes, roots)
+
+
+def brute_force(graph: ExtractionGraph) -> float:
+    """Cheapest acyclic finite choice by enumeration (inf if none)."""
+    best = INF
+    for picks in itertools.product(*(range(len(nodes)) for nodes in graph.classes)):
+        try:
+            best = min(best, dag_cost(graph, dict(enumerate(picks))))
+        except ExtractionError:
+            pass
+    return best
+
+
+def test_random_graphs_ilp_optimal_greedy_valid() -> None:
+    rng = random.Random(0)
+    solved = 0
+    for _ in range(60):
+        g = random_graph(rng)
+        optimum = brute_force(g)
+        if optimum == INF:
+            for name in NAMES:
+                with pytest.raises(ExtractionError):
+                    get_extractor(name).extract(g)
+            continue
+        solved += 1
+        greedy = get_extractor("greedy").extract(g)
+        ilp = get_extractor("ilp").extract(g)
+        check(g, greedy)
+        check(g, ilp)
+        assert ilp.cost <= greedy.cost + 1e-9
+        assert ilp.cost == pytest.approx(optimum)
+        assert ilp.optimal
+    assert solved >= 30
+
+
+def test_random_larger_graphs_ilp_never_worse() -> None:
+    rng = random.Random(1)
+    for _ in range(50):
+        g = random_graph(rng, max_classes=30)
+        try:
+            greedy = get_extractor("greedy").extract(g)
+        except ExtractionError:
+            continue
+        ilp = get_extractor("ilp").extract(g)
+        check(g, greedy)
+        check(g, ilp)
+        assert ilp.cost <= greedy.cost + 1e-9 and ilp.optimal
+
+
+# ---------------------------------------------------------------- big graphs
+
+
+@pytest.mark.parametrize("make, optimum", [
+    (chain, lambda g: 1 + 0.5 * (len(g.classes) - 2)),
+    (wide, lambda g: 1 + 0.5 * (len(g.classes) - 2)),  # everyone shares S
+])
+def test_greedy_handles_100k_nodes(make, optimum) -> None:
+    g = make(100_000)
+    assert g.num_nodes >= 99_990
+    t0 = time.perf_counter()
+    ext = get_extractor("greedy").extract(g)
+    assert time.perf_counter() - t0 < 10
+    assert ext.cost == optimum(g)
+    assert len(ext.choice) >= len(g.classes) - 1

@@ -1,0 +1,268 @@
+"""Differential fuzzing: random FX graphs through ``optimize_graph`` vs eager.
+
+For every generated program (tests/graphgen.py) the optimized module must
+compute the same outputs and the same gradients (w.r.t. float inputs and
+parameters, for a random upstream gradient) as the original, must leave the
+original module and the example inputs untouched, and must lint.
+
+Seeds: ``OPTIMUS_FUZZ_SEEDS`` (default 200) spread over the flavours below.
+A failure's test id names flavour and seed; reproduce with
+``random_graph(seed, **FLAVOURS[flavour])``.
+
+The harness is itself tested (``test_harness_*``) with an identity
+"optimizer" that must pass and broken ones that must be caught, so these
+tests mean something even before ``optimize_graph`` exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import os
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import pytest
+import torch
+import torch.fx as fx
+
+import optimus_eqsat
+
+try:  # rootdir-relative import works whether or not tests/ is a package
+    from graphgen import GeneratedGraph, random_graph, single_thread
+except ImportError:  # pragma: no cover
+    from tests.graphgen import GeneratedGraph, random_graph, single_thread
+
+optimize_graph = getattr(optimus_eqsat, "optimize_graph", None)
+
+N_SEEDS = int(os.environ.get("OPTIMUS_FUZZ_SEEDS", "200"))
+
+# flavour -> (random_graph options, share of the seeds, pass example inputs?)
+# "meta" passes example_inputs=None: shapes must come from node.meta.
+FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
+    "plain": (dict(opaque=False, inplace=False), 0.25, True),
+    "meta": (dict(opaque=False, inplace=False, with_meta=True), 0.15, False),
+    "opaque": (dict(opaque=True, inplace=False), 0.20, True),
+    "inplace": (dict(opaque=True, inplace=True), 0.20, True),
+    "noparams": (dict(opaque=False, params=False), 0.15, True),
+    "dynamo": (dict(opaque=True, inplace=True, dynamo=True), 0.02, True),  # ~0.6 s each to capture
+}
+
+RTOL = 1e-4
+ATOL = 1e-5  # scaled by the magnitude of the expected tensor
+
+
+def _n_ops(seed: int) -> int:
+    return 10 + seed % 21  # 10..30 builder steps
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for name, (_, share, _) in FLAVOURS.items():
+        for seed in range(max(1, round(N_SEEDS * share))):
+            cases.append(pytest.param(name, seed, id=f"{name}-{seed}"))
+    return cases
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    with single_thread():
+        yield
+
+
+def make_case(flavour: str, seed: int) -> GeneratedGraph:
+    opts, _, _ = FLAVOURS[flavour]
+    return random_graph(seed, n_ops=_n_ops(seed), **opts)
+
+
+# ---------------------------------------------------------------------------
+# the differential check
+# ---------------------------------------------------------------------------
+
+
+def _close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], what: str) -> None:
+    """assert_close with an absolute tolerance relative to the magnitudes; None = zeros."""
+    if expected is None and actual is None:
+        return
+    if expected is None:
+        expected = torch.zeros_like(actual)
+    if actual is None:
+        actual = torch.zeros_like(expected)
+    scale = max(1.0, float(expected.detach().abs().max())) if expected.numel() else 1.0
+    torch.testing.assert_close(actual.detach(), expected.detach(), rtol=RTOL, atol=ATOL * scale, msg=lambda m: f"{what}: {m}")
+
+
+def _leaves(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+
+
+def _run(
+    mod: torch.nn.Module, inputs: Sequence[torch.Tensor], params: dict[str, torch.nn.Parameter], upstream: Optional[list]
+) -> tuple[list[torch.Tensor], list[Optional[torch.Tensor]], list[Optional[torch.Tensor]], list]:
+    """Outputs, grads w.r.t. float inputs and w.r.t. ``params`` (in that order)."""
+    ins = _leaves(inputs)
+    outs = mod(*ins)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    if upstream is None:  # seeded random upstream gradient, one per output
+        gen = torch.Generator().manual_seed(1234)
+        upstream = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+    diff = [(o, u) for o, u in zip(outs, upstream) if o.requires_grad]
+    float_ins = [t for t in ins if t.requires_grad]
+    wrt = float_ins + list(params.values())
+    if diff and wrt:
+        grads = torch.autograd.grad([o for o, _ in diff], wrt, [u for _, u in diff], allow_unused=True)
+    else:
+        grads = (None,) * len(wrt)
+    return outs, list(grads[: len(float_ins)]), list(grads[len(float_ins):]), upstream
+
+
+def _snapshot(gm: fx.GraphModule) -> tuple[str, dict[str, torch.Tensor]]:
+    return gm.code, {k: v.detach().clone() for k, v in gm.state_dict().items()}
+
+
+def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, pass_inputs: bool = True, **options: Any) -> fx.GraphModule:
+    """Run ``optimize`` on ``g`` and compare with eager; returns the result."""
+    code0, state0 = _snapshot(g.gm)
+    inputs0 = [t.detach().clone() for t in g.example_inputs]
+    ex = tuple(t.detach().clone() for t in g.example_inputs) if pass_inputs else None
+
+    result = optimize(g.gm, ex, **options)
+
+    # the input module and the example inputs are left alone
+    code1, state1 = _snapshot(g.gm)
+    assert code1 == code0, "optimize_graph mutated the input GraphModule's code"
+    assert state1.keys() == state0.keys() and all(torch.equal(state0[k], state1[k]) for k in state0), "input module state changed"
+    for a, b in zip(inputs0, g.example_inputs):
+        assert torch.equal(a, b), "example inputs were mutated"
+    assert isinstance(result, fx.GraphModule)
+    assert result is not g.gm, "optimize_graph must return a new module"
+    result.graph.lint()
+
+    eager_params = dict(g.gm.named_parameters())
+    opt_all = dict(result.named_parameters())
+    missing = [k for k in eager_params if k not in opt_all]
+    assert not missing, f"parameters lost or renamed by optimization (their gradients would vanish): {missing}"
+    opt_params = {k: opt_all[k] for k in eager_params}
+
+    out_e, gin_e, gpar_e, upstream = _run(g.gm, g.example_inputs, eager_params, None)
+    out_o, gin_o, gpar_o, _ = _run(result, g.example_inputs, opt_params, upstream)
+    assert len(out_o) == len(out_e), f"{len(out_o)} outputs, expected {len(out_e)}"
+    for i, (a, e) in enumerate(zip(out_o, out_e)):
+        assert a.shape == e.shape and a.dtype == e.dtype, f"output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
+        _close(a, e, f"output {i}")
+    for i, (a, e) in enumerate(zip(gin_o, gin_e)):
+        _close(a, e, f"grad of float input {i}")
+    for name, a, e in zip(eager_params, gpar_o, gpar_e):
+        _close(a, e, f"grad of parameter {name}")
+    return result
+
+
+def _explain(flavour: str, seed: int, g: GeneratedGraph) -> str:
+    return f"[{flavour}-{seed}] {g.description}\nreproduce: random_graph({seed}, n_ops={_n_ops(seed)}, **{FLAVOURS[flavour][0]})\n{g.gm.code}"
+
+
+# ---------------------------------------------------------------------------
+# the fuzz test proper
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
+@pytest.mark.parametrize("flavour,seed", _cases())
+def test_optimize_graph_matches_eager(flavour: str, seed: int) -> None:
+    g = make_case(flavour, seed)
+    _, _, pass_inputs = FLAVOURS[flavour]
+    try:
+        result = check_optimizer(optimize_graph, g, pass_inputs, raise_on_error=True)
+    except Exception as e:  # attach the program to any failure
+        raise AssertionError(_explain(flavour, seed, g)) from e
+    assert "optimus_eqsat" in result.meta, "optimize_graph should report in result.meta['optimus_eqsat']"
+
+
+# ---------------------------------------------------------------------------
+# the harness checks itself (run even without optimize_graph)
+# ---------------------------------------------------------------------------
+
+
+def _identity(gm: fx.GraphModule, example_inputs: Any = None, **_: Any) -> fx.GraphModule:
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def _harness_seeds() -> list[tuple[str, int]]:
+    return [(f, s) for f in FLAVOURS if f != "dynamo" for s in range(4)] + [("dynamo", 0)]
+
+
+def test_harness_accepts_identity() -> None:
+    for flavour, seed in _harness_seeds():
+        g = make_case(flavour, seed)
+        check_optimizer(_identity, g, FLAVOURS[flavour][2])
+
+
+def _mutant(edit: Callable[[fx.Graph], bool]) -> Callable[..., fx.GraphModule]:
+    """An "optimizer" that applies ``edit`` to a copy of the graph."""
+
+    def optimize(gm: fx.GraphModule, example_inputs: Any = None, **_: Any) -> fx.GraphModule:
+        graph = copy.deepcopy(gm.graph)
+        edit(graph)
+        graph.lint()
+        return fx.GraphModule(gm, graph)
+
+    return optimize
+
+
+def _scale_first_output(graph: fx.Graph) -> bool:
+    out = next(n for n in graph.nodes if n.op == "output")
+    with graph.inserting_before(out):
+        first = graph.call_function(operator.mul, (out.args[0][0], 1.001))
+    out.args = ((first, *out.args[0][1:]),)
+    return True
+
+
+def _detach_first_input(graph: fx.Graph) -> bool:
+    """Same values, broken gradients: only the gradient check can see it."""
+    ph = next(n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("x"))
+    with graph.inserting_after(ph):
+        det = graph.call_method("detach", (ph,))
+    ph.replace_all_uses_with(det, delete_user_cb=lambda u: u is not det)
+    return True
+
+
+def _drop_first_inplace(graph: fx.Graph) -> bool:
+    for n in graph.nodes:
+        if n.op == "call_method" and n.target in ("add_", "mul_", "copy_"):
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
+            return True
+    return False
+
+
+def _caught(optimize: Callable[..., fx.GraphModule], flavour: str, seeds: range) -> int:
+    caught = 0
+    for seed in seeds:
+        g = make_case(flavour, seed)
+        try:
+            check_optimizer(optimize, g, FLAVOURS[flavour][2])
+        except AssertionError:
+            caught += 1
+    return caught
+
+
+def test_harness_catches_wrong_values() -> None:
+    assert _caught(_mutant(_scale_first_output), "plain", range(5)) == 5
+
+
+def test_harness_catches_wrong_gradients() -> None:
+    assert _caught(_mutant(_detach_first_input), "plain", range(5)) >= 4
+
+
+def test_harness_catches_dropped_mutation() -> None:
+    assert _caught(_mutant(_drop_first_inplace), "inplace", range(12)) >= 3
+
+
+def test_harness_catches_mutated_input_module() -> None:
+    def vandal(gm: fx.GraphModule, example_inputs: Any = None, **_: Any) -> fx.GraphModule:
+        result = _identity(gm)
+        _scale_first_output(gm.graph)  # edits the caller's graph in place
+        gm.recompile()
+        return result
+
+    with pytest.raises(AssertionError, match="mutated the input"):
+        check_optimizer(vandal, make_case("plain", 0))
