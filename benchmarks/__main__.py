@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma list of inference, training")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--scales", default="1", help="comma list of zoo scale knobs, e.g. 1,4,16")
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 is steadier on a busy machine)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=3)
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         scales=[int(s) for s in _csv(args.scales)],
         eqsat_variants=eqsat_variants(args.rulesets, args.extractor, args.profile),
         device=args.device,
+        threads=args.threads,
         batch=args.batch,
         seed=args.seed,
         warmup=args.warmup,

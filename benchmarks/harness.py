@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import time
 import traceback
 from collections.abc import Iterator
@@ -36,6 +37,9 @@ class BenchConfig:
     scales: list[int] = field(default_factory=lambda: [1])
     eqsat_variants: list[EqsatOptions] = field(default_factory=lambda: [EqsatOptions()])
     device: str = "cpu"
+    # torch intra-op threads; None keeps torch's default. On a shared CPU, 1 avoids
+    # OpenMP barrier stalls that inflate eager times by 100x under oversubscription.
+    threads: int | None = None
     batch: int = 32
     seed: int = 0
     warmup: int = 3
@@ -83,8 +87,8 @@ def _reference(name: str, scale: int, training: bool, config: BenchConfig) -> Re
 def _trace_only(model: torch.nn.Module, inputs: tuple, record: instrument.CompileRecord) -> None:
     """Let Dynamo capture the graph for an eager row (graph size, predictions)."""
 
-    def capture(gm: torch.fx.GraphModule, _: list) -> Any:
-        record.observe_input(gm)
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        record.observe_input(gm, example_inputs)
         return gm.forward
 
     torch._dynamo.reset()
@@ -99,7 +103,7 @@ def _run_case(method: Method, ref: Reference, training: bool, config: BenchConfi
     from torch._inductor.utils import run_and_get_code
 
     model = copy.deepcopy(ref.model)
-    record = instrument.CompileRecord()
+    record = instrument.CompileRecord(profile=_pred_profile(method, config))
     patch = dict(method.inductor_config)
     if config.disable_caches:
         patch["force_disable_caches"] = True
@@ -120,7 +124,7 @@ def _run_case(method: Method, ref: Reference, training: bool, config: BenchConfi
             "max_abs_diff_out": measure.max_abs_diff(outputs, ref.outputs),
             "max_abs_diff_grad": measure.max_abs_diff(grads, ref.grads) if training else NAN,
         }
-        run_ms = measure.time_step(step, config.device, config.warmup, config.repeats)
+        times = measure.time_step(step, config.device, config.warmup, config.repeats)
         peak_mb, mem_source = measure.peak_memory_mb(step, config.device)
     if not method.compiled:
         _trace_only(model, ref.inputs, record)
@@ -139,13 +143,23 @@ def _run_case(method: Method, ref: Reference, training: bool, config: BenchConfi
         inductor_passes_s=record.inductor_passes_s if method.compiled else NAN,
         # The compiling first step, less our instrumentation; includes one run.
         compile_s=first_step_s - record.instrument_s if method.compiled else NAN,
-        run_ms=run_ms,
+        run_ms=statistics.median(times),
+        run_ms_min=min(times),
         peak_mem_mb=peak_mb,
         mem_source=mem_source,
         emitted_kinds=_kinds_text(kinds),
         pred_kinds=_kinds_text(record.pred_kinds),
+        pred_profile=record.profile,
+        **(record.eqsat_summary() if method.name == "optimus_eqsat" else {}),
     )
     return row
+
+
+def _pred_profile(method: Method, config: BenchConfig) -> str:
+    """The profile for cost-model predictions: the ablation's, else the device's."""
+    if method.eqsat is not None and method.eqsat.profile:
+        return method.eqsat.profile
+    return instrument.default_profile(config.device)
 
 
 def _kinds_text(kinds: dict[str, int]) -> str:
@@ -156,6 +170,8 @@ def _kinds_text(kinds: dict[str, int]) -> str:
 def run(config: BenchConfig) -> list[dict[str, Any]]:
     """Run every case; a failing case becomes a row with ``error`` set."""
     cases = list(config.cases())
+    if config.threads:
+        torch.set_num_threads(config.threads)
     rows: list[dict[str, Any]] = []
     refs: dict[tuple[str, int, str], Reference] = {}
     bar = _progress(cases, config.progress)
@@ -172,6 +188,7 @@ def run(config: BenchConfig) -> list[dict[str, Any]]:
             "method": method.name,
             **(method.eqsat or EqsatOptions()).label(),
             "device": config.device,
+            "threads": torch.get_num_threads(),
             "error": "",
         }
         try:

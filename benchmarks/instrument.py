@@ -24,8 +24,12 @@ NAN = math.nan
 
 @dataclass
 class CompileRecord:
-    """What one method's compile left behind (summed over Dynamo graphs)."""
+    """What one method's compile left behind (summed over Dynamo graphs).
 
+    ``profile`` is the cost-model device profile used for predictions.
+    """
+
+    profile: str = "cpu"
     graphs: int = 0
     fx_nodes: int = 0
     pred_launches_dynamo: float = 0.0
@@ -35,27 +39,56 @@ class CompileRecord:
     inductor_passes_s: float = 0.0  # Inductor's pre/post-grad FX passes (Optimus passes run there)
     instrument_s: float = 0.0  # our own bookkeeping, subtracted from compile time
     optimized_graphs: int = 0
+    eqsat_reports: list = field(default_factory=list)  # OptimizeReport per graph, if any
+    _dynamo_kinds: Counter = field(default_factory=Counter)
 
-    def observe_input(self, gm: torch.fx.GraphModule) -> None:
+    def observe_input(self, gm: torch.fx.GraphModule, example_inputs: Any = None) -> None:
         """Record a Dynamo graph before any backend touches it (passes mutate in place)."""
         start = time.perf_counter()
         self.graphs += 1
         self.fx_nodes += len(gm.graph.nodes)
-        self.pred_launches_dynamo += predicted_launches(gm)
+        launches, kinds = predict(gm, example_inputs, self.profile)
+        self.pred_launches_dynamo += launches
+        self._dynamo_kinds.update(kinds)
         self.instrument_s += time.perf_counter() - start
 
     def observe_output(self, gm: torch.fx.GraphModule) -> None:
         """Record the graph a method's optimizer hands on to the rest of Inductor."""
         start = time.perf_counter()
         self.optimized_graphs += 1
-        self.pred_launches += predicted_launches(gm)
-        self.pred_kinds.update(predicted_kinds(gm))
+        launches, kinds = predict(gm, None, self.profile)
+        self.pred_launches += launches
+        self.pred_kinds.update(kinds)
+        report = gm.meta.get("optimus_eqsat") if hasattr(gm, "meta") else None
+        if report is not None:
+            self.eqsat_reports.append(report)
         self.instrument_s += time.perf_counter() - start
 
     def finish(self) -> None:
         """Graphs no optimizer rewrote count as handed on unchanged."""
         if self.optimized_graphs == 0:
             self.pred_launches = self.pred_launches_dynamo
+            self.pred_kinds = Counter(self._dynamo_kinds)
+
+    def eqsat_summary(self) -> dict[str, Any]:
+        """A few OptimizeReport fields, joined over graphs ("" when no report)."""
+        reports = self.eqsat_reports
+
+        def join(attr: str) -> str:
+            return ";".join(str(getattr(r, attr, "")) for r in reports)
+
+        return {
+            "eqsat_stop": join("stop_reason"),
+            "eqsat_extractor": join("extractor"),
+            "eqsat_enodes": sum(getattr(r, "enodes", 0) or 0 for r in reports) if reports else NAN,
+            "eqsat_rules_fired": sum(sum((getattr(r, "rules_fired", {}) or {}).values()) for r in reports)
+            if reports
+            else NAN,
+            "eqsat_fell_back": join("fell_back"),
+            "eqsat_fallback_reason": join("fallback_reason") if any(
+                getattr(r, "fell_back", False) for r in reports
+            ) else "",
+        }
 
 
 # --- predictions from the cost model (optional) -------------------------------
@@ -69,39 +102,42 @@ def _fx_cost() -> Any | None:
     return fx_cost
 
 
-def predicted_launches(gm: torch.fx.GraphModule) -> float:
-    """``fx_cost.predicted_launches(gm)``, or NaN if unavailable or failing."""
-    fx_cost = _fx_cost()
-    if fx_cost is None or not hasattr(fx_cost, "predicted_launches"):
-        return NAN
-    try:
-        return float(fx_cost.predicted_launches(gm))
-    except Exception:
-        return NAN
+def default_profile(device: str) -> str:
+    """The cost-model profile matching the device: "cpu", or the GPU by name."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else ""
+    for known in ("h200", "h100", "a100"):
+        if known in name:
+            return known
+    return "h100"
 
 
-def predicted_kinds(gm: torch.fx.GraphModule) -> Counter:
-    """Predicted kernels by kind via ``fx_cost.predict_kernels`` (empty if absent).
+def predict(gm: torch.fx.GraphModule, example_inputs: Any, profile: str) -> tuple[float, Counter]:
+    """(predicted launches, launches by kernel kind) from ``fx_cost``.
 
-    Accepts a mapping kind -> count, or an iterable of kernels that carry a
-    ``kind`` attribute/key or are kind strings themselves.
+    Uses ``predict_kernels`` when present (kinds from each kernel's ``kind``),
+    else ``predicted_launches`` alone; (NaN, {}) if neither works.
     """
     fx_cost = _fx_cost()
-    if fx_cost is None or not hasattr(fx_cost, "predict_kernels"):
-        return Counter()
+    if fx_cost is None:
+        return NAN, Counter()
+    inputs = list(example_inputs) if example_inputs is not None else None
+    if hasattr(fx_cost, "predict_kernels"):
+        try:
+            kernels = fx_cost.predict_kernels(gm, inputs, profile=profile)
+            kinds = Counter(_kind_name(getattr(k, "kind", k)) for k in kernels)
+            return float(len(kernels)), kinds
+        except Exception:
+            pass
     try:
-        kernels = fx_cost.predict_kernels(gm)
+        return float(fx_cost.predicted_launches(gm, inputs, profile=profile)), Counter()
     except Exception:
-        return Counter()
-    if isinstance(kernels, dict):
-        return Counter({str(k): int(v) for k, v in kernels.items()})
-    kinds: Counter = Counter()
-    for kernel in kernels:
-        kind = getattr(kernel, "kind", None)
-        if kind is None and isinstance(kernel, dict):
-            kind = kernel.get("kind")
-        kinds[str(kind if kind is not None else kernel)] += 1
-    return kinds
+        return NAN, Counter()
+
+
+def _kind_name(kind: Any) -> str:
+    return str(getattr(kind, "name", kind)).lower()
 
 
 # --- timing the optimizers by wrapping their entry points ----------------------
@@ -150,8 +186,12 @@ def _timed(record: CompileRecord, slot: str, observe: bool) -> Callable[[Callabl
 
 
 def _optimize_graph_targets() -> list[tuple[Any, str]]:
-    """Every loaded optimus_eqsat module that binds the name ``optimize_graph``
-    (the backend may have imported it under that name)."""
+    """Every optimus_eqsat module that binds the name ``optimize_graph`` (the
+    backend imports it under that name), after importing the backend."""
+    try:
+        import optimus_eqsat.backend  # noqa: F401  (so its binding gets wrapped too)
+    except Exception:
+        pass
     return [
         (mod, "optimize_graph")
         for name, mod in list(sys.modules.items())

@@ -3,7 +3,6 @@ numeric difference from eager."""
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -68,8 +67,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_step(step: Callable[[], object], device: str, warmup: int, repeats: int) -> float:
-    """Median milliseconds per step after ``warmup`` steps; CUDA events on GPU."""
+def time_step(step: Callable[[], object], device: str, warmup: int, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` steps after ``warmup`` steps; CUDA events on GPU."""
     for _ in range(warmup):
         step()
     sync(device)
@@ -86,38 +85,57 @@ def time_step(step: Callable[[], object], device: str, warmup: int, repeats: int
             t0 = time.perf_counter()
             step()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 # --- peak memory ----------------------------------------------------------------
 
+
+def _profiled_peak_bytes(step: Callable[[], object]) -> int:
+    """Peak of torch's CPU allocations during one step above the start, from the
+    profiler's [memory] events (alloc > 0, free < 0) replayed in time order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
+
+
 _STATUS = Path("/proc/self/status")
 
 
-def _rss_kb(field: str) -> int | None:
-    try:
+def _rss_peak_bytes(step: Callable[[], object]) -> int | None:
+    """Growth of peak RSS over one step (Linux: reset VmHWM via clear_refs).
+    Coarse: allocator caching hides reused memory."""
+
+    def kb(field: str) -> int | None:
         match = re.search(rf"^{field}:\s+(\d+) kB", _STATUS.read_text(), re.M)
-    except OSError:
-        return None
-    return int(match.group(1)) if match else None
+        return int(match.group(1)) if match else None
 
-
-def _reset_rss_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (Linux: write 5 to clear_refs)."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
+        base = kb("VmRSS")
+        step()
+        peak = kb("VmHWM")
     except OSError:
-        return False
-    return True
+        return None
+    return None if base is None or peak is None else max(peak - base, 0) * 1024
 
 
 def peak_memory_mb(step: Callable[[], object], device: str) -> tuple[float, str]:
-    """(peak MB during one step above the memory in use before it, how measured).
+    """(peak MB allocated during one step above what was allocated before, how measured).
 
-    CUDA: torch.cuda.max_memory_allocated. CPU: growth of the process's peak
-    resident set (VmHWM after resetting it) over the current RSS; an estimate
-    that includes allocator caching and is NaN where /proc is unavailable.
-    torch's CPU allocator bypasses Python's, so tracemalloc would miss tensors.
+    CUDA: ``torch.cuda.max_memory_allocated``. CPU: the torch profiler's
+    allocation events (exact for torch tensors; tracemalloc would miss them, as
+    torch's CPU allocator bypasses Python's); the peak-RSS growth is the
+    fallback if profiling fails.
     """
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -126,11 +144,8 @@ def peak_memory_mb(step: Callable[[], object], device: str) -> tuple[float, str]
         step()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20, "cuda_max_allocated"
-    if not _reset_rss_peak():
-        return float("nan"), "unavailable"
-    base = _rss_kb("VmRSS")
-    if base is None:
-        return float("nan"), "unavailable"
-    step()
-    peak = _rss_kb("VmHWM")
-    return (max(peak - base, 0) / 1024 if peak else float("nan")), "cpu_rss_hwm_delta"
+    try:
+        return _profiled_peak_bytes(step) / 2**20, "cpu_profiler_alloc_peak"
+    except Exception:
+        rss = _rss_peak_bytes(step)
+        return (float("nan"), "unavailable") if rss is None else (rss / 2**20, "cpu_rss_hwm_delta")

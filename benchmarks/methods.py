@@ -117,7 +117,7 @@ class Method:
         inner = self._inner_backend()
 
         def recording_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-            record.observe_input(gm)
+            record.observe_input(gm, example_inputs)
             return inner(gm, example_inputs)
 
         return torch.compile(model, backend=recording_backend)

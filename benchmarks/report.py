@@ -10,10 +10,12 @@ import pandas as pd
 # Columns in report order; anything else a row carries goes after these.
 COLUMNS = [
     "model", "scale", "batch", "mode", "method", "rulesets", "extractor", "profile", "device",
-    "graphs", "fx_nodes", "pred_launches_dynamo", "pred_launches", "inductor_generated",
+    "threads", "graphs", "fx_nodes", "pred_launches_dynamo", "pred_launches", "inductor_generated",
     "inductor_extern", "inductor_launches", "launch_ratio_vs_inductor", "optimizer_s",
-    "inductor_passes_s", "compile_s", "run_ms", "run_ratio_vs_inductor", "peak_mem_mb",
-    "mem_source", "max_abs_diff_out", "max_abs_diff_grad", "emitted_kinds", "pred_kinds", "error",
+    "inductor_passes_s", "compile_s", "run_ms", "run_ms_min", "run_ratio_vs_inductor", "peak_mem_mb",
+    "mem_source", "max_abs_diff_out", "max_abs_diff_grad", "emitted_kinds", "pred_kinds", "pred_profile",
+    "eqsat_stop", "eqsat_extractor", "eqsat_enodes", "eqsat_rules_fired", "eqsat_fell_back",
+    "eqsat_fallback_reason", "error",
 ]
 # The Markdown table keeps the columns a reader compares at a glance.
 MD_COLUMNS = [

@@ -113,8 +113,9 @@ def _potential_fanin(cg: CompactGraph) -> list[float]:
 class GreedyDagExtractor:
     """Greedy, sharing-aware, acyclic extractor for large e-graphs.
 
-    Options: ``paid_rounds`` (default 3): maximum "reuse what is paid"
-    refinement rounds; each stops early when it does not improve.
+    Options: ``paid_rounds`` (default 3): maximum refinement rounds (reuse
+    sweeps and paid passes); stops early at the first round that does not
+    improve. 0 gives tree + amortized passes only.
     """
 
     name = "greedy"
@@ -153,6 +154,7 @@ class GreedyDagExtractor:
             consider("amortized", greedy_pass(cg, comps, cyclic, labels, cost, fanin))
         for r in range(self.paid_rounds if shared else 0):
             improved = consider(f"reuse{r}", reuse_sweep(cg, best))
+            improved |= consider(f"reuse{r}-flipped", reuse_sweep(cg, best, flip=True))
             # Re-run the passes with what the best program computes as free inputs.
             used = bytearray(cg.n_classes)
             for c in _post_order(cg, best):
@@ -168,34 +170,80 @@ class GreedyDagExtractor:
         )
 
 
-def reuse_sweep(cg: CompactGraph, best: list[int]) -> list[int]:
-    """Re-choose each used class given what the program already computes.
+def reuse_sweep(cg: CompactGraph, best: list[int], free_limit: int = 64, flip: bool = False) -> list[int]:
+    """Local search: re-choose each used class given what the program computes.
 
     Classes are visited children-first in a topological order of the current
-    program; a class may switch to a cheaper node whose children are all used
-    classes earlier in that order. The order stays valid for the new program,
-    so it stays acyclic; classes nobody uses any more drop out for free.
+    program. A class switches to another node whose children are all used
+    classes earlier in that order (so the order stays valid and the program
+    acyclic) when that is cheaper: its own cost against the current node's
+    cost plus what the switch frees (classes nobody else uses; explored up to
+    ``free_limit`` classes, a lower bound on the saving). ``flip`` walks
+    roots and children in reverse, giving another valid order to try.
     """
-    order = _post_order(cg, best)
+    order = _post_order(cg, best, flip)
     pos = {c: i for i, c in enumerate(order)}
     new = list(best)
     cost, children_of = cg.node_cost, cg.node_children
+    refs = [0] * cg.n_classes  # users in the current program (+1 per root)
     for c in order:
-        here = pos[c]
-        bn = new[c]
+        for ch in children_of[new[c]]:
+            refs[ch] += 1
+    for r in cg.roots:
+        refs[r] += 1
+
+    def freed(n: int) -> list[int]:
+        """Classes freed if node n (chosen now) were dropped; bounded."""
+        dec: dict[int, int] = {}
+        out: list[int] = []
+        stack = list(children_of[n])
+        while stack and len(out) < free_limit:
+            ch = stack.pop()
+            dec[ch] = d = dec.get(ch, 0) + 1
+            if d == refs[ch]:
+                out.append(ch)
+                stack.extend(children_of[new[ch]])
+        return out
+
+    for c in order:
+        if refs[c] == 0:
+            continue  # freed by an earlier switch
+        here, cur = pos[c], new[c]
+        lost: list[int] | None = None
+        best_n, best_delta = cur, 0.0
         for n in cg.class_nodes[c]:
-            if cost[n] < cost[bn] and all(pos.get(ch, here) < here for ch in children_of[n]):
-                bn = n
-        new[c] = bn
+            if n == cur or not all(refs[ch] and pos[ch] < here for ch in children_of[n]):
+                continue
+            delta = cost[n] - cost[cur]
+            if delta >= best_delta:
+                if lost is None:
+                    lost = freed(cur)
+                if any(ch in lost for ch in children_of[n]):
+                    continue  # n would keep part of it alive: not worth the bookkeeping
+                delta -= math.fsum(cost[new[k]] for k in lost)
+            if delta < best_delta:
+                best_n, best_delta = n, delta
+        if best_n != cur:
+            for ch in children_of[best_n]:
+                refs[ch] += 1
+            stack = list(children_of[cur])
+            while stack:
+                ch = stack.pop()
+                refs[ch] -= 1
+                if refs[ch] == 0:
+                    stack.extend(children_of[new[ch]])
+            new[c] = best_n
     return new
 
 
-def _post_order(cg: CompactGraph, best: list[int]) -> list[int]:
+def _post_order(cg: CompactGraph, best: list[int], flip: bool = False) -> list[int]:
     """Classes reachable from the roots through ``best``, children first (iterative)."""
     state = bytearray(cg.n_classes)  # 0 new, 1 seen
     order: list[int] = []
     children_of = cg.node_children
-    for root in cg.roots:
+    if flip:
+        children_of = [chs[::-1] for chs in children_of]
+    for root in (cg.roots[::-1] if flip else cg.roots):
         if state[root]:
             continue
         state[root] = 1

@@ -45,7 +45,7 @@ class OptimizeOptions:
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
     rule_files: tuple[str, ...] = ()
     max_iterations: int = Limits.max_iterations
-    max_enodes: int = Limits.max_enodes
+    max_enodes: int | None = Limits.max_enodes
     time_limit_s: float = Limits.time_limit_s
     extractor: str = "auto"
     ilp_time_limit_s: float = 10.0
@@ -163,7 +163,7 @@ def _optimize(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, op
     report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
     with _phase(report, "load"):
         session = EGraphSession(rulesets)
-        session.load(t.facts)
+        session.load(t.facts, fx_nodes=len(t.nodes))
     with _phase(report, "saturate"):
         sat = session.saturate(opts.limits)
     report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes

@@ -42,6 +42,10 @@ RANDOM_OPS = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_li
               "multinomial", "normal", "uniform", "randperm", "poisson", "native_dropout"}
 
 
+# Terms whose shape the shape rules derive (rewrites/shapes.egg).
+_DERIVED_SHAPE_TERMS = ("(Slice ", "(Reshape ", "(Expand ", "(Unary ", "(Scalar ", "(Permute ", "(Cat ")
+
+
 class Impure(Unsupported):
     """A known op with a side effect (random, in training mode): opaque and ordered."""
 
@@ -284,7 +288,8 @@ class Translator:
     def _emit(self, i: int, term: str) -> None:
         self.t.facts.append(f"(union (Id {i}) {term})")
         self.t.status[i] = "term"
-        if i in self.t.shapes:
+        # The shape analysis derives these from their inputs; one fewer command per node.
+        if i in self.t.shapes and not term.startswith(_DERIVED_SHAPE_TERMS):
             self.t.facts.append(f"(set (shape (Id {i})) {normalize._vec(self.t.shapes[i])})")
 
     def _leaf(self, i: int) -> None:

@@ -28,6 +28,16 @@ class RuleSet:
     description: str = ""
 
     @property
+    def once_rulesets(self) -> list[str]:
+        """Rulesets named ``<name>_once``: run once, before the saturation loop."""
+        return re.findall(rf"\(ruleset\s+({re.escape(self.name)}_once)\s*\)", self.program)
+
+    @property
+    def analysis_rulesets(self) -> list[str]:
+        """Rulesets named ``<name>_analysis``: saturated after every step, with the shapes."""
+        return re.findall(rf"\(ruleset\s+({re.escape(self.name)}_analysis)\s*\)", self.program)
+
+    @property
     def rule_names(self) -> list[str]:
         return re.findall(r':name\s+"([^"]+)"', self.program)
 
@@ -53,6 +63,7 @@ def builtin_rulesets() -> dict[str, RuleSet]:
             "split/cat/view algebra (Inductor split_cat.py)",
             generated.permute_permute_rules(),
             generated.select_movedim_rules(),
+            generated.cat_run_rules(),
         ),
     ]
     for optional in ("algebraic", "batching"):

@@ -1174,9 +1174,13 @@ def b_inplace(b: _Builder) -> bool:
         else:
             node = b.meth("relu_", target) if b.coin() else b.fn(torch.relu_, target)
         b.effects.add(node)
-    b.keep(base)  # read after: later ops see the mutated value
+    # Reads after the mutation. An explicit one always: base's only users so
+    # far are the view and the in-place ops, so it is no sink by itself.
+    after = _unary(b, base, b.choice(["tanh", "neg", "abs", "sigmoid"])) if b.coin() else b.fn(operator.mul, base, 1.5)
+    b.keep(after)
+    b.keep(base)  # and later ops may read the mutated value too
     if target is not base and b.coin():
-        b.keep(target)
+        b.keep(b.fn(operator.add, target, 1.0) if b.coin() else target)
     return True
 
 
@@ -1216,7 +1220,7 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("shared_linears", 1, b_shared_linears, ""),
     ("batch_layer_norms", 0.7, b_batch_layer_norms, ""),
     ("opaque", 2, b_opaque, "opaque"),
-    ("inplace", 2.5, b_inplace, "inplace"),
+    ("inplace", 5, b_inplace, "inplace"),
 ]
 
 _NUM_EMB = 10

@@ -72,6 +72,28 @@ def test_batching_not_worth_it_for_two_users() -> None:
         assert ext.cost == 2
 
 
+def test_ilp_beats_greedy_where_a_multi_class_move_is_needed() -> None:
+    # Found by the random search below: the optimum switches class 0 to a node
+    # whose children (1, 6) are not yet in greedy's program; greedy's one-class
+    # moves cannot see it (it returns 6.0).
+    e = ENode
+    g = ExtractionGraph([
+        [e("a", (1, 6), 0.5), e("b", (2,), 2.0)],
+        [e("a", (4,), 0.5), e("b", (), 3.0)],
+        [e("a", (0, 6), 0.5), e("b", (), 3.0)],
+        [e("a", (2,), 1.0), e("b", (3,), 1.0)],
+        [e("a", (0,), 3.0), e("b", (3, 4, 4), 1.0)],
+        [e("a", (2, 2, 6), 0.0)],
+        [e("a", (), 1.0), e("b", (), 2.0), e("c", (), 0.5)],
+    ], [0, 3])
+    ilp = get_extractor("ilp").extract(g)
+    greedy = get_extractor("greedy").extract(g)
+    check(g, ilp)
+    check(g, greedy)
+    assert ilp.cost == 5.5 == brute_force(g) and ilp.optimal
+    assert greedy.cost >= ilp.cost
+
+
 def test_multiple_roots_share_a_subterm() -> None:
     # S is paid once for both roots; R2 may use R1 (already an output) for 1.
     s, r1, r2 = 0, 1, 2

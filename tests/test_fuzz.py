@@ -48,7 +48,10 @@ FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
 }
 
 RTOL = 1e-4
-ATOL = 1e-5  # scaled by the magnitude of the expected tensor
+# Absolute tolerances, scaled by the magnitude of the expected tensor. Gradients
+# sum many contributions (cancellation), so reordered float32 sums differ more.
+ATOL_OUT = 2e-5
+ATOL_GRAD = 1e-4
 
 
 def _n_ops(seed: int) -> int:
@@ -79,7 +82,7 @@ def make_case(flavour: str, seed: int) -> GeneratedGraph:
 # ---------------------------------------------------------------------------
 
 
-def _close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], what: str) -> None:
+def _close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], what: str, atol: float = ATOL_OUT) -> None:
     """assert_close with an absolute tolerance relative to the magnitudes; None = zeros."""
     if expected is None and actual is None:
         return
@@ -88,7 +91,7 @@ def _close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], wha
     if actual is None:
         actual = torch.zeros_like(expected)
     scale = max(1.0, float(expected.detach().abs().max())) if expected.numel() else 1.0
-    torch.testing.assert_close(actual.detach(), expected.detach(), rtol=RTOL, atol=ATOL * scale, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(actual.detach(), expected.detach(), rtol=RTOL, atol=atol * scale, msg=lambda m: f"{what}: {m}")
 
 
 def _leaves(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -150,9 +153,9 @@ def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, 
         assert a.shape == e.shape and a.dtype == e.dtype, f"output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
         _close(a, e, f"output {i}")
     for i, (a, e) in enumerate(zip(gin_o, gin_e)):
-        _close(a, e, f"grad of float input {i}")
+        _close(a, e, f"grad of float input {i}", ATOL_GRAD)
     for name, a, e in zip(eager_params, gpar_o, gpar_e):
-        _close(a, e, f"grad of parameter {name}")
+        _close(a, e, f"grad of parameter {name}", ATOL_GRAD)
     return result
 
 
@@ -254,7 +257,7 @@ def test_harness_catches_wrong_gradients() -> None:
 
 
 def test_harness_catches_dropped_mutation() -> None:
-    assert _caught(_mutant(_drop_first_inplace), "inplace", range(12)) >= 3
+    assert _caught(_mutant(_drop_first_inplace), "inplace", range(12)) >= 6
 
 
 def test_harness_catches_mutated_input_module() -> None:

@@ -31,8 +31,8 @@ import triton
 import triton.language as tl
 
 # Rows of the packed per-group table (each row has G int64 entries), followed
-# by the G + 1 tile prefix sums. Kept as module constants so host and kernel
-# agree on one layout.
+# by the G + 1 tile prefix sums. The kernel addresses rows by these numbers
+# written as literals (``table_ptr + 4 * G + g`` is row _ROW_M): keep in sync.
 _ROW_X, _ROW_W, _ROW_B, _ROW_Y = 0, 1, 2, 3
 _ROW_M, _ROW_N, _ROW_K = 4, 5, 6
 _ROW_SXM, _ROW_SXK, _ROW_SWN, _ROW_SWK = 7, 8, 9, 10
@@ -52,7 +52,7 @@ def _grouped_linear_kernel(
     DTYPE: tl.constexpr,  # element type of x, w, b, y (one per launch)
     LOG_G: tl.constexpr,  # binary-search steps: ceil(log2(G)), >= 0
     HAS_ANY_BIAS: tl.constexpr,  # skip the bias branch entirely when no group has one
-    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32" (fp32 inputs only)
+    INPUT_PRECISION: tl.constexpr,  # "ieee"/"tf32" for fp32, None (default) otherwise
     UPCAST_OPERANDS: tl.constexpr,  # cast x/w tiles to fp32 before tl.dot (interpreter + bf16)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -63,8 +63,8 @@ def _grouped_linear_kernel(
 
     # Largest g with tile_start[g] <= pid. Invariant: start[lo] <= pid < start[hi];
     # groups with zero tiles have start[g] == start[g + 1] and are skipped.
-    lo = tl.zeros((), dtype=tl.int64)
-    hi = tl.zeros((), dtype=tl.int64) + G
+    lo = pid * 0  # int64 scalar 0
+    hi = lo + G
     for _ in tl.static_range(LOG_G):
         mid = (lo + hi) // 2
         pred = tl.load(starts + mid) <= pid
@@ -124,8 +124,9 @@ def _grouped_linear_kernel(
 
 # triton.jit decides at decoration time whether it builds a compiled
 # JITFunction or an interpreter function (it reads TRITON_INTERPRET then), so
-# the kernel is wrapped lazily, once per mode. That way importing this module
-# never fixes the mode, and tests can switch the interpreter on later.
+# the kernel is wrapped lazily, once per mode: importing this module never
+# fixes the mode (see interpreter_usable for why the env var must still be set
+# before `import triton`).
 _JIT_CACHE: dict[bool, object] = {}
 
 # Number of kernel launches so far; tests use it to prove the Triton path ran.
@@ -252,7 +253,8 @@ def grouped_linear_triton(
             DTYPE=_TORCH_TO_TL[dtype],
             LOG_G=log_g,
             HAS_ANY_BIAS=any(b is not None for b in bs),
-            INPUT_PRECISION="tf32" if allow_tf32 else "ieee",
+            # F.linear in fp32 uses TF32 only if torch allows it; match that.
+            INPUT_PRECISION=("tf32" if allow_tf32 else "ieee") if dtype == torch.float32 else None,
             UPCAST_OPERANDS=upcast,
             BLOCK_M=bm,
             BLOCK_N=bn,

@@ -220,7 +220,13 @@ def _grouped_linear_impl(
     return out  # type: ignore[return-value]
 
 
-@torch.library.custom_op(OP_NAME, mutates_args=())
+# cudagraph_unsafe: every call builds its pointer table on the host and copies
+# it to the device; a captured CUDA graph would replay that copy from a host
+# buffer that has since been recycled. Inductor splits graphs around such ops.
+_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=(), tags=_TAGS)
 def _grouped_linear_op(
     xs: list[torch.Tensor],
     ws: list[torch.Tensor],
@@ -247,14 +253,17 @@ def _grouped_linear_fake(
 
 def _setup_context(ctx, inputs: tuple, output: list[torch.Tensor]) -> None:
     xs, ws, bs = inputs
-    ctx.save_for_backward(*xs, *ws)
     ctx.num_groups = len(xs)
-    # Which gradients to compute, from requires_grad rather than
-    # ctx.needs_input_grad: for a Tensor?[] argument holding a None the latter
-    # collapses to one bool (torch 2.13), so it cannot be indexed per group.
     ctx.need_x = [x.requires_grad for x in xs]
     ctx.need_w = [w.requires_grad for w in ws]
     ctx.need_b = [b.requires_grad and b.numel() > 0 for b in bs]
+    ctx.x_shapes = [x.shape for x in xs]
+    # Save only what a requested gradient reads: dx needs w, dw needs x (an
+    # input batch that needs no grad is then not kept alive for the backward).
+    ctx.save_for_backward(
+        *(x if nw else None for x, nw in zip(xs, ctx.need_w)),
+        *(w if nx else None for w, nx in zip(ws, ctx.need_x)),
+    )
     # An empty bias that requires grad (a real bias of an N == 0 group, or a
     # "no bias" marker someone made differentiable) gets an empty gradient,
     # not None: autograd.grad would call None "unused" where F.linear's isn't.
@@ -302,7 +311,7 @@ def _backward(ctx, grads: list[Optional[torch.Tensor]]):
         outs = torch.ops.optimus_eqsat.grouped_linear(lhs, rhs, no_bias)
         for (kind, i), out in zip(jobs, outs):
             if kind == "x":
-                dxs[i] = out.view(xs[i].shape)
+                dxs[i] = out.view(ctx.x_shapes[i])
             elif kind == "w":
                 dws[i] = out
             else:
