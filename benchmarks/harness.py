@@ -13,6 +13,7 @@ import math
 import statistics
 import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +171,8 @@ def _kinds_text(kinds: dict[str, int]) -> str:
 def run(config: BenchConfig) -> list[dict[str, Any]]:
     """Run every case; a failing case becomes a row with ``error`` set."""
     cases = list(config.cases())
+    # force_disable_caches makes Dynamo warn once per compile; it is intended here.
+    warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
     if config.threads:
         torch.set_num_threads(config.threads)
     rows: list[dict[str, Any]] = []

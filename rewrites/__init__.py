@@ -64,6 +64,7 @@ def builtin_rulesets() -> dict[str, RuleSet]:
             generated.permute_permute_rules(),
             generated.select_movedim_rules(),
             generated.cat_run_rules(),
+            generated.slice_as_select_rules(),
         ),
     ]
     for optional in ("algebraic", "batching"):

@@ -96,3 +96,26 @@ def cat_run_rules() -> str:
         f"(rule ((run s l x d a e)) ((set (runmax s x d a) e)) {ra} :name \"cat-run-longest\")",
         f"(rule ((= e (runmax s x d a)) (run s l x d a e)) ((union s (TCons (Slice x d a e) l))) {rs} :name \"cat-run-merge\")",
     ])
+
+
+def slice_as_select_rules() -> str:
+    """A k-wide piece x[a:a+k] along d (k | a, k | n) is select a/k of x unflattened to (n/k, k).
+
+    Subsumes split_cat (4) with cat dim != split dim, split_stack_to_cats (11)
+    and split->stack on another dim: once pieces are selects, select-movedim and
+    flat-slice turn the cat or stack into a view of one reshaped tensor. Only
+    fires where that can pay: under a reshape, or in a cat list on another dim.
+    """
+    rules = []
+    for r in range(1, MAX_RANK):
+        for d in range(r):
+            unflat = [f"(vec-get sx {j})" for j in range(d)] + ["(/ n k)", "k"]
+            unflat += [f"(vec-get sx {j})" for j in range(d + 1, r)]
+            target = f"(Reshape (Slice (Reshape x {_vec(unflat)}) {d} (/ a k) (+ (/ a k) 1)) st)"
+            common = (f"(= t (Slice x {d} a b)) (= sx (shape x)) (= (vec-length sx) {r}) (= k (- b a)) (> k 0)"
+                      f" (= n (vec-get sx {d})) (= 0 (% a k)) (= 0 (% n k)) (= st (shape t))")
+            contexts = {"cat": f"(= l (TCons t rest)) (!= {d} (ldim rest))", "reshape": "(= u (Reshape t s2))"}
+            for where, context in contexts.items():
+                rules.append(f"(rule ({context} {common}) ((union t {target}))"
+                             f" :ruleset splitcat :name \"slice-as-select-{where}-r{r}-{d}\")")
+    return "\n".join(rules)
