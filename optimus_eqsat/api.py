@@ -157,41 +157,88 @@ def optimize_graph(
 
 def _optimize(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, opts: OptimizeOptions,
               report: OptimizeReport) -> torch.fx.GraphModule:
-    rulesets = _select_rulesets(opts)
-    with _phase(report, "translate"):
-        t = translate(gm, example_inputs)
-    report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
-    with _phase(report, "load"):
-        session = EGraphSession(rulesets)
-        session.load(t.facts, fx_nodes=len(t.nodes))
-    with _phase(report, "saturate"):
-        sat = session.saturate(opts.limits)
-    report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
-    report.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
-    report.history = sat.history
-    with _phase(report, "export"):
-        eg = export(session.egraph)
-    report.eclasses = len(eg.classes)
-    with _phase(report, "extract"):
-        roots = [eg.class_of_id[i] for i in t.roots]
-        cost = EGraphCost(eg.shapes, lambda key: t.registry.specs[key].kind, opts.profile)
-        graph = eg.extraction_graph(roots, cost)
-        options = {"time_limit": opts.ilp_time_limit_s} if opts.extractor in ("ilp", "auto") else {}
-        extraction = get_extractor(opts.extractor, **options).extract(graph)
-    report.extractor, report.extraction_cost = extraction.extractor, extraction.cost
-    report.optimal, report.gap = extraction.optimal, extraction.gap
-    with _phase(report, "rebuild"):
-        result = rebuild(t, eg, extraction.choice)
-        propagate_meta(result, example_inputs)
-    with _phase(report, "verify"):
-        report.launches_before, report.cost_before = _predict(gm, example_inputs, opts.profile)
-        report.launches_after, report.cost_after = _predict(result, example_inputs, opts.profile)
-    if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
-        report.fell_back = True
-        report.fallback_reason = (
-            f"predicted cost rose ({report.cost_before:.3e} s -> {report.cost_after:.3e} s); kept the original"
-        )
-        log.info("optimus_eqsat: %s", report.fallback_reason)
-        report.launches_after, report.cost_after = report.launches_before, report.cost_before
-        return _copy_module(gm)
-    return result
+    run = OptimizationRun(gm, example_inputs, opts, report)
+    run.saturate()
+    run.extract()
+    return run.finish()
+
+
+class OptimizationRun:
+    """One optimization, phase by phase, keeping every intermediate.
+
+    :func:`optimize_graph` runs all phases; the exploration API keeps the
+    object to inspect the saturated e-graph and re-extract with other choices.
+
+    Attributes after :meth:`saturate`: ``translation`` (facts and the maps back
+    to FX), ``session`` (the live egglog e-graph), ``saturation`` (its report),
+    ``egraph`` (the exported e-graph: classes of term nodes), ``cost`` (the
+    e-node cost function). After :meth:`extract`: ``graph`` (what the
+    extractor read) and ``extraction``.
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
+                 options: OptimizeOptions | None = None, report: OptimizeReport | None = None):
+        self.gm, self.example_inputs = gm, example_inputs
+        self.options = options or OptimizeOptions()
+        self.report = report or OptimizeReport(nodes_before=_op_count(gm))
+
+    def saturate(self) -> None:
+        """Translate, load the facts and run the rule sets under the limits."""
+        opts, report = self.options, self.report
+        rulesets = _select_rulesets(opts)
+        with _phase(report, "translate"):
+            self.translation = t = translate(self.gm, self.example_inputs)
+        report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
+        with _phase(report, "load"):
+            self.session = EGraphSession(rulesets)
+            self.session.load(t.facts, fx_nodes=len(t.nodes))
+        with _phase(report, "saturate"):
+            self.saturation = sat = self.session.saturate(opts.limits)
+        report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
+        report.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
+        report.history = sat.history
+        with _phase(report, "export"):
+            self.egraph = export(self.session.egraph)
+        report.eclasses = len(self.egraph.classes)
+        self.cost = EGraphCost(self.egraph.shapes, lambda key: t.registry.specs[key].kind, opts.profile)
+
+    @property
+    def roots(self) -> list[int]:
+        """E-classes extracted together: graph outputs and inputs of kept (opaque) nodes."""
+        return [self.egraph.class_of_id[i] for i in self.translation.roots]
+
+    def extract(self, cost: Any = None, extractor: str | None = None) -> None:
+        """Choose one program; ``cost(class, node)`` overrides the e-node prices."""
+        opts = self.options
+        name = extractor or opts.extractor
+        with _phase(self.report, "extract"):
+            self.graph = self.egraph.extraction_graph(self.roots, cost or self.cost)
+            options = {"time_limit": opts.ilp_time_limit_s} if name in ("ilp", "auto") else {}
+            self.extraction = get_extractor(name, **options).extract(self.graph)
+        ext = self.extraction
+        self.report.extractor, self.report.extraction_cost = ext.extractor, ext.cost
+        self.report.optimal, self.report.gap = ext.optimal, ext.gap
+
+    def build(self) -> torch.fx.GraphModule:
+        """The extracted program as a new GraphModule (no cost check)."""
+        result = rebuild(self.translation, self.egraph, self.extraction.choice)
+        propagate_meta(result, self.example_inputs)
+        return result
+
+    def finish(self) -> torch.fx.GraphModule:
+        """Rebuild, predict launches before/after, and keep the original if the result is worse."""
+        opts, report, gm = self.options, self.report, self.gm
+        with _phase(report, "rebuild"):
+            result = self.build()
+        with _phase(report, "verify"):
+            report.launches_before, report.cost_before = _predict(gm, self.example_inputs, opts.profile)
+            report.launches_after, report.cost_after = _predict(result, self.example_inputs, opts.profile)
+        if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
+            report.fell_back = True
+            report.fallback_reason = (
+                f"predicted cost rose ({report.cost_before:.3e} s -> {report.cost_after:.3e} s); kept the original"
+            )
+            log.info("optimus_eqsat: %s", report.fallback_reason)
+            report.launches_after, report.cost_after = report.launches_before, report.cost_before
+            return _copy_module(gm)
+        return result
