@@ -71,23 +71,23 @@ class CompileRecord:
             self.pred_kinds = Counter(self._dynamo_kinds)
 
     def eqsat_summary(self) -> dict[str, Any]:
-        """A few OptimizeReport fields, joined over graphs ("" when no report)."""
+        """A few OptimizeReport fields over graphs: texts joined with ";", sizes summed."""
         reports = self.eqsat_reports
 
         def join(attr: str) -> str:
             return ";".join(str(getattr(r, attr, "")) for r in reports)
 
+        def total(size: Callable[[Any], int]) -> float:
+            return float(sum(size(r) for r in reports)) if reports else NAN
+
+        fell_back = any(getattr(r, "fell_back", False) for r in reports)
         return {
             "eqsat_stop": join("stop_reason"),
             "eqsat_extractor": join("extractor"),
-            "eqsat_enodes": sum(getattr(r, "enodes", 0) or 0 for r in reports) if reports else NAN,
-            "eqsat_rules_fired": sum(sum((getattr(r, "rules_fired", {}) or {}).values()) for r in reports)
-            if reports
-            else NAN,
+            "eqsat_enodes": total(lambda r: getattr(r, "enodes", 0) or 0),
+            "eqsat_rules_fired": total(lambda r: sum((getattr(r, "rules_fired", None) or {}).values())),
             "eqsat_fell_back": join("fell_back"),
-            "eqsat_fallback_reason": join("fallback_reason") if any(
-                getattr(r, "fell_back", False) for r in reports
-            ) else "",
+            "eqsat_fallback_reason": join("fallback_reason") if fell_back else "",
         }
 
 

@@ -21,7 +21,9 @@ def flat_outputs(out: object) -> Outputs:
     return []
 
 
-def make_step(fn: Callable, model: torch.nn.Module, inputs: Sequence[torch.Tensor], training: bool) -> Callable[[], Outputs]:
+def make_step(
+    fn: Callable, model: torch.nn.Module, inputs: Sequence[torch.Tensor], training: bool
+) -> Callable[[], Outputs]:
     """One benchmark step: inference under no_grad, or forward + backward of the
     sum of outputs with fresh gradients (zero_grad is part of every method's step)."""
     if not training:

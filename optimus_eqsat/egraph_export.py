@@ -18,7 +18,7 @@ from .extract.egraph import ENode, ExtractionGraph
 
 VALUE_SORTS = ("Tensor", "TList")
 # Helper constructors that rules rewrite away; never part of a program.
-NEVER_EXTRACTED = {"Id", "LAppend", "MapUnary"}
+NEVER_EXTRACTED = {"Id", "LId", "LAppend", "MapUnary"}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .terms import vec
 from .opspec import GATHER, MATMUL, OTHER, POINTWISE, REDUCTION, OpSpec, Slot
 
 
@@ -37,6 +38,7 @@ class Context(Protocol):
     def generic(self, kind: str, elementwise: bool = False) -> str: ...
     def named(self, key: str, target: Any, n_operands: int, kind: str) -> str: ...
     def pieces(self, value: Any) -> list[str] | None: ...
+    def cons(self, items: list[str], dim: int) -> str: ...
 
 
 Handler = Callable[[Context, dict[str, Any]], "str | list[str]"]
@@ -125,8 +127,7 @@ def _dim(d: Any, rank: int) -> int:
     return d % rank if rank else 0
 
 
-def _vec(values: tuple[int, ...] | list[int]) -> str:
-    return f"(vec-of {' '.join(str(int(v)) for v in values)})" if values else "(vec-empty)"
+_vec = vec
 
 
 # ---------------------------------------------------------------- structural handlers
@@ -282,17 +283,10 @@ def _tensor_list(ctx: Context, tensors: Any) -> list[str]:
     return [ctx.ref(t) for t in tensors]
 
 
-def _cons(items: list[str], dim: int) -> str:
-    out = f"(TNil {dim})"
-    for item in reversed(items):
-        out = f"(TCons {item} {out})"
-    return out
-
-
 def h_cat(ctx: Context, a: dict[str, Any]) -> str:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
-    return f"(Cat {_cons(_tensor_list(ctx, a['tensors']), dim)})"
+    return f"(Cat {ctx.cons(_tensor_list(ctx, a['tensors']), dim)})"
 
 
 def h_stack(ctx: Context, a: dict[str, Any]) -> str:
@@ -300,7 +294,7 @@ def h_stack(ctx: Context, a: dict[str, Any]) -> str:
     dim = _dim(a["dim"], len(out))
     member = out[:dim] + (1,) + out[dim + 1 :]
     items = [_reshape(t, member) for t in _tensor_list(ctx, a["tensors"])]
-    return f"(Cat {_cons(items, dim)})"
+    return f"(Cat {ctx.cons(items, dim)})"
 
 
 def h_reshape(ctx: Context, a: dict[str, Any]) -> str:

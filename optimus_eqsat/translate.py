@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from . import normalize
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind, canonical_name
 from .opspec import OpRegistry, OpSpec, Slot
+from .terms import cons_list
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class Translation:
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
     roots: list[int] = field(default_factory=list)  # ids whose classes are extracted
+    list_ids: int = 0  # LId names handed out for long lists
+    next_id: int = 0  # first id free for terms added after translation (batching)
 
     @property
     def index(self) -> dict[torch.fx.Node, int]:
@@ -224,6 +227,13 @@ class Translator:
     def pieces(self, value: Any) -> list[str] | None:
         return self.split_pieces.get(self.ids[value]) if isinstance(value, torch.fx.Node) else None
 
+    def cons(self, items: list[str], dim: int) -> str:
+        return cons_list(items, dim, self.t.facts.append, self._new_list_id)
+
+    def _new_list_id(self) -> int:
+        self.t.list_ids += 1
+        return self.t.list_ids
+
     def named(self, key: str, target: Any, n_operands: int, kind: str) -> str:
         spec = OpSpec("call_function", target, tuple(Slot(i) for i in range(n_operands)), (), kind)
         return self.t.registry.add_named(key, spec)
@@ -283,6 +293,7 @@ class Translator:
                 except Unsupported as exc:
                     self._opaque(i, str(exc), ordered=node in ordered or canonical_name(node) is None)
         self._collect_roots()
+        t.next_id = len(self.nodes)
         return t
 
     def _emit(self, i: int, term: str) -> None:

@@ -65,6 +65,7 @@ def builtin_rulesets() -> dict[str, RuleSet]:
             generated.select_movedim_rules(),
             generated.cat_run_rules(),
             generated.slice_as_select_rules(),
+            generated.slice_cat_member_rules(),
         ),
     ]
     for optional in ("algebraic", "batching"):

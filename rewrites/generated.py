@@ -119,3 +119,27 @@ def slice_as_select_rules() -> str:
                 rules.append(f"(rule ({context} {common}) ((union t {target}))"
                              f" :ruleset splitcat :name \"slice-as-select-{where}-r{r}-{d}\")")
     return "\n".join(rules)
+
+
+# Constructors a tensor can have other than Slice, with fresh argument patterns.
+NON_SLICE_FORMS = {
+    "Leaf": "(Leaf i_)", "Reshape": "(Reshape x_ s_)", "Permute": "(Permute x_ p_)", "Expand": "(Expand x_ s_)",
+    "Unary": "(Unary op_ x_)", "Binary": "(Binary op_ x_ y_)", "Scalar": "(Scalar op_ x_ c_)",
+    "Op1": "(Op1 op_ x_)", "Op2": "(Op2 op_ x_ y_)", "Op3": "(Op3 op_ x_ y_ z_)", "Cat": "(Cat l_)",
+}
+
+
+def slice_cat_member_rules() -> str:
+    """A piece of a cat inside one member (not itself a piece) is a piece of that member.
+
+    split_cat (4) with extra inputs, shuffled or partial. Written per member
+    constructor so a member that is a Slice takes only the composing rule.
+    """
+    rules = []
+    for ctor, form in NON_SLICE_FORMS.items():
+        rules.append(
+            f"(rule ((= t (Slice c d a b)) (catpos c l o) (= l (TCons h r)) (= h {form}) (= d (ldim l))"
+            f" (= n (vec-get (shape h) d)) (<= o a) (<= b (+ o n)))"
+            f" ((union t (Slice h d (- a o) (- b o)))) :ruleset splitcat :name \"slice-cat-member-{ctor}\")"
+        )
+    return "\n".join(rules)

@@ -47,7 +47,7 @@ class MMoE(nn.Module):
 
     def __init__(self, scale: int = 1) -> None:
         super().__init__()
-        num_experts = 6 * scale  # >= 5: Inductor batches groups of at least 5 (min_fuse_set_size)
+        num_experts = 6 * scale  # >= 5: Inductor's min_fuse_set_size for batching
         self.input = InputArch()
         self.experts = experts(num_experts, IN_DIM)
         self.gates = nn.ModuleList(Gate(IN_DIM, num_experts) for _ in range(NUM_TASKS))

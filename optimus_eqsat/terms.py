@@ -1,0 +1,36 @@
+"""Small builders of term-language text shared by the translator and batching."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+# egglog's parser recurses per nesting level: 1,000 nested list cells parse in
+# 0.2 s, 5,000 in 4.5 s, 20,000 crash the process. Longer lists are chained
+# through named cells (LId) of at most this many members each.
+MAX_INLINE_LIST = 64
+
+
+def vec(values: Iterable[int]) -> str:
+    """A Shape literal."""
+    values = [str(int(v)) for v in values]
+    return f"(vec-of {' '.join(values)})" if values else "(vec-empty)"
+
+
+def cons_list(items: list[str], dim: int, emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:
+    """A TList term of ``items`` concatenated along ``dim``.
+
+    Long lists are built tail first in chunks; each finished chunk is named
+    ``(LId k)`` by a fact passed to ``emit``, so no command nests deeply.
+    """
+    tail = f"(TNil {dim})"
+    chunks = [items[i : i + MAX_INLINE_LIST] for i in range(0, len(items), MAX_INLINE_LIST)] or [[]]
+    for n, chunk in enumerate(reversed(chunks)):
+        term = tail
+        for item in reversed(chunk):
+            term = f"(TCons {item} {term})"
+        if n == len(chunks) - 1:
+            return term
+        k = new_list_id()
+        emit(f"(union (LId {k}) {term})")
+        tail = f"(LId {k})"
+    return tail
