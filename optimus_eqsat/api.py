@@ -13,6 +13,7 @@ import torch
 import torch.fx
 
 from . import rewrites
+from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
 from .egraph_export import export
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
@@ -93,7 +94,7 @@ def _select_rulesets(options: OptimizeOptions) -> list[rewrites.RuleSet]:
     for name in options.rulesets:
         if name in shipped:
             selected.append(shipped[name])
-        elif name not in DEFAULT_RULESETS:
+        elif name not in DEFAULT_RULESETS and name not in rewrites.PYTHON_FAMILIES:
             raise ValueError(f"unknown ruleset {name!r}; shipped: {sorted(shipped)}")
     selected += [rewrites.load_rule_file(path) for path in options.rule_files]
     return selected
@@ -194,6 +195,15 @@ class OptimizationRun:
             self.session.load(t.facts, fx_nodes=len(t.nodes))
         with _phase(report, "saturate"):
             self.saturation = sat = self.session.saturate(opts.limits)
+        if "batching" in opts.rulesets:
+            # Groups are found on the translated graph; their facts join the e-graph,
+            # and a second saturation lets stacks cancel against splits and cats.
+            with _phase(report, "batch"):
+                facts, report.batched = rewrites.batching.batch_facts(t)
+                self.session.load(facts, fx_nodes=len(t.nodes))
+            if facts:
+                with _phase(report, "saturate"):
+                    sat = self.saturation = self.session.saturate(opts.limits, previous=sat)
         report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
         report.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
         report.history = sat.history

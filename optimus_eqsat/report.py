@@ -20,6 +20,7 @@ class OptimizeReport:
         iterations, enodes, eclasses: size of the saturated e-graph.
         extractor: which extractor produced the program; optimal / gap as it reported.
         fell_back: True when the original graph was returned; fallback_reason says why.
+        batched: nodes given a batched alternative, by kind (batch-linear, batch-elementwise, ...).
         opaque_nodes: nodes kept verbatim, with the reason.
     """
 
@@ -39,6 +40,7 @@ class OptimizeReport:
     extraction_cost: float | None = None
     optimal: bool | None = None
     gap: float | None = None
+    batched: dict[str, int] = field(default_factory=dict)
     fell_back: bool = False
     fallback_reason: str | None = None
     opaque_nodes: dict[str, str] = field(default_factory=dict)
@@ -62,6 +64,7 @@ class OptimizeReport:
             f"extraction:         {self.extractor} (optimal={self.optimal}, gap={self.gap})",
             f"time:               {self.total_seconds:.3f} s "
             + " ".join(f"{k}={v:.3f}" for k, v in self.phase_seconds.items()),
+            "batched:            " + (", ".join(f"{k} x{v}" for k, v in self.batched.items()) or "none"),
             "rules fired:        " + (", ".join(f"{k} x{v}" for k, v in fired if v) or "none"),
         ]
         if self.fell_back:

@@ -101,23 +101,29 @@ class EGraphSession:
             egglog_log.setLevel(level)
         return sum(n for name, n in sizes.sizes if name[:1].isupper())
 
-    def saturate(self, limits: Limits) -> SaturationReport:
-        """Run the schedule until saturated or a limit is hit."""
+    def saturate(self, limits: Limits, previous: SaturationReport | None = None) -> SaturationReport:
+        """Run the schedule until saturated or a limit is hit.
+
+        With ``previous``, continue its report: iterations, time and matches add
+        up; the iteration and e-node limits apply to this phase, the time limit
+        to the total.
+        """
         families = " ".join(f"(run {r.name})" for r in self.rulesets)
         once = " ".join(f"(run {name})" for r in self.rulesets for name in r.once_rulesets)
         analyses = " ".join(["(run shapes)"] + [f"(run {n})" for r in self.rulesets for n in r.analysis_rulesets])
         settle = f"(saturate (seq {analyses}))"
         first = f"(run-schedule {settle} (seq {once}) {settle})"
         step = f"(run-schedule {settle} (seq {families}) {settle})"
-        report = SaturationReport(StopReason.SATURATED, 0, 0, 0.0, 0.0)
+        report = previous or SaturationReport(StopReason.SATURATED, 0, 0, 0.0, 0.0)
+        first_iteration = report.iterations
         max_enodes = limits.max_enodes or max(MIN_ENODE_LIMIT, ENODES_PER_FX_NODE * self.fx_nodes)
-        start = time.perf_counter()
+        start = time.perf_counter() - report.seconds
         while True:
-            if report.iterations >= limits.max_iterations:
+            if report.iterations - first_iteration >= limits.max_iterations:
                 report.stop_reason = StopReason.ITERATION_LIMIT
                 break
             t0 = time.perf_counter()
-            outputs = self._run(first) if report.iterations == 0 and once else []
+            outputs = self._run(first) if report.iterations == first_iteration and once else []
             (output,) = self._run(step)
             run = output.report
             for extra in outputs:

@@ -67,6 +67,7 @@ class Translation:
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
     roots: list[int] = field(default_factory=list)  # ids whose classes are extracted
+    terms: dict[int, str] = field(default_factory=dict)  # id -> the term it was unioned with
     list_ids: int = 0  # LId names handed out for long lists
     next_id: int = 0  # first id free for terms added after translation (batching)
 
@@ -298,6 +299,7 @@ class Translator:
 
     def _emit(self, i: int, term: str) -> None:
         self.t.facts.append(f"(union (Id {i}) {term})")
+        self.t.terms[i] = term
         self.t.status[i] = "term"
         # The shape analysis derives these from their inputs; one fewer command per node.
         if i in self.t.shapes and not term.startswith(_DERIVED_SHAPE_TERMS):

@@ -68,10 +68,14 @@ def builtin_rulesets() -> dict[str, RuleSet]:
             generated.slice_cat_member_rules(),
         ),
     ]
-    for optional in ("algebraic", "batching"):
+    for optional in ("algebraic",):
         if (_HERE / f"{optional}.egg").exists():
             families.append(_family(optional, f"{optional} rewrites"))
     return {family.name: family for family in families}
+
+
+# Families written in Python: they add facts between saturations (see batching.py).
+PYTHON_FAMILIES = ("batching",)
 
 
 class RuleFileError(ValueError):

@@ -114,9 +114,12 @@ def slice_as_select_rules() -> str:
             target = f"(Reshape (Slice (Reshape x {_vec(unflat)}) {d} (/ a k) (+ (/ a k) 1)) st)"
             common = (f"(= t (Slice x {d} a b)) (= sx (shape x)) (= (vec-length sx) {r}) (= k (- b a)) (> k 0)"
                       f" (= n (vec-get sx {d})) (= 0 (% a k)) (= 0 (% n k)) (= st (shape t))")
+            # Under a reshape only wider pieces: a unit piece already is a select, and
+            # re-selecting it would add a unit dim per iteration.
             contexts = {"cat": f"(= l (TCons t rest)) (!= {d} (ldim rest))", "reshape": "(= u (Reshape t s2))"}
             for where, context in contexts.items():
-                rules.append(f"(rule ({context} {common}) ((union t {target}))"
+                wide = " (> k 1)" if where == "reshape" else ""
+                rules.append(f"(rule ({context} {common}{wide}) ((union t {target}))"
                              f" :ruleset splitcat :name \"slice-as-select-{where}-r{r}-{d}\")")
     return "\n".join(rules)
 
