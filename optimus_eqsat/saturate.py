@@ -9,6 +9,7 @@ says which in :class:`StopReason`.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 from collections import Counter
@@ -67,6 +68,12 @@ class SaturationReport:
     history: list[dict] = field(default_factory=list)  # per iteration: enodes, seconds, matches
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(program: str) -> tuple:
+    """Parsed commands of a static program (language, rule sets), reused across e-graphs."""
+    return tuple(eb.EGraph().parse_program(program))
+
+
 class EGraphSession:
     """An egglog e-graph holding one program's facts, and the rule sets loaded into it."""
 
@@ -74,10 +81,8 @@ class EGraphSession:
         self.egraph = eb.EGraph()
         self.fx_nodes = 0
         self.rulesets = list(rulesets)
-        self._run(LANGUAGE)
-        self._run(shape_rules().program)
-        for ruleset in self.rulesets:
-            self._run(ruleset.program)
+        for program in [LANGUAGE, shape_rules().program, *(r.program for r in self.rulesets)]:
+            self.egraph.run_program(*_parsed(program))
 
     def _run(self, program: str) -> list:
         return self.egraph.run_program(*self.egraph.parse_program(program))

@@ -12,7 +12,7 @@ is a view of it), and the extractor decides whether the batched program pays.
 
 Covers Inductor's group_batch_fusion.py (OPTIMUS_PATTERNS.md):
   batch_linear (22, 27)        same-shaped linears  -> one bmm over stacked operands
-  batch_linear_lhs (23)        linears sharing one input -> one linear on concatenated weights
+  batch_linear_lhs (23)        linears sharing one input -> one linear on concatenated weights (any widths)
   batch_layernorm (24)         same layer_norm      -> one layer_norm, stacked affine
   batch_tanh/sigmoid/relu (25, 30), batch_detach/nan_to_num/clamp/dropout (26),
   batch_aten_add/sub/mul/div (29): any elementwise op (Unary/Scalar/Binary) of equal shapes
@@ -134,6 +134,13 @@ def fusion_key(t: Translation, c: Candidate, depth: int) -> tuple | None:
     return None
 
 
+def lhs_fusion_key(t: Translation, c: Candidate, depth: int) -> tuple | None:
+    """Linears reading the same input (any output width) may share one matmul."""
+    if c.key in ("linear", "linear_b") and _shapes_known(t, c) and len(t.shapes[c.operands[1]]) == 2:
+        return ("linear_lhs", c.key, c.operands[0], t.dtypes.get(c.node), depth)
+    return None
+
+
 def _batch_elementwise(b: BatchBuilder, group: list[Candidate]) -> None:
     c0 = group[0]
     rank = len(b.t.shapes[c0.node])
@@ -187,7 +194,27 @@ def _batch_layer_norm(b: BatchBuilder, group: list[Candidate]) -> None:
     b.unstack(y, [c.node for c in group])
 
 
-_BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm}
+def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
+    """linear(x, w_i, b_i) -> linear(x, cat(w), cat(b)) sliced along the last dim: one kernel."""
+    t, c0 = b.t, group[0]
+    x = c0.operands[0]
+    widths = [t.shapes[c.operands[1]][0] for c in group]
+    weights = [f"(Id {c.operands[1]})" for c in group]
+    w = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, b._new_list_id)})")
+    out_shape = t.shapes[x][:-1] + (sum(widths),)
+    if c0.key == "linear_b":
+        biases = [f"(Id {c.operands[2]})" for c in group]
+        bias = b.new(f"(Cat {cons_list(biases, 0, b.facts.append, b._new_list_id)})")
+        y = b.new(f"(Op3 \"{c0.key}\" (Id {x}) {w} {bias})", out_shape)
+    else:
+        y = b.new(f"(Op2 \"{c0.key}\" (Id {x}) {w})", out_shape)
+    last, start = len(out_shape) - 1, 0
+    for c, width in zip(group, widths):
+        b.facts.append(f"(union (Id {c.node}) (Slice {y} {last} {start} {start + width}))")
+        start += width
+
+
+_BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm, "linear_lhs": _batch_linear_lhs}
 
 
 def batch_facts(t: Translation) -> tuple[list[str], dict[str, int]]:
@@ -198,9 +225,10 @@ def batch_facts(t: Translation) -> tuple[list[str], dict[str, int]]:
         candidate = parse_candidate(i, term)
         if candidate is None:
             continue
-        key = fusion_key(t, candidate, depth.get(i, -1))
-        if key is not None:
-            groups[key].append(candidate)
+        for key_of in (fusion_key, lhs_fusion_key):
+            key = key_of(t, candidate, depth.get(i, -1))
+            if key is not None:
+                groups[key].append(candidate)
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)
     for key, members in groups.items():

@@ -1,0 +1,131 @@
+"""Batching family: each pattern as a torch module; op counts after optimization,
+and forward and gradients against eager."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pytest
+
+from optimus_eqsat.api import OptimizationRun, OptimizeOptions
+from tests.helpers import assert_same_numerics, op_counts, optimize_and_check
+
+FEATURES, WIDTH = 6, 8
+
+
+class Towers(nn.Module):
+    """Per-feature linear + relu on slices of one dense block, concatenated back."""
+
+    def __init__(self, bias: bool = True):
+        super().__init__()
+        self.towers = nn.ModuleList(nn.Linear(WIDTH, 5, bias=bias) for _ in range(FEATURES))
+
+    def forward(self, x):
+        pieces = torch.split(x, WIDTH, dim=1)
+        return torch.cat([torch.relu(self.towers[i](pieces[i])) for i in range(FEATURES)], dim=1)
+
+
+class SharedInput(nn.Module):
+    """Linears of different widths reading one input (Inductor's batch_linear_lhs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(WIDTH, 3 + i) for i in range(4))
+
+    def forward(self, x):
+        return tuple(torch.sigmoid(h(x)) for h in self.heads)
+
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(WIDTH) for _ in range(FEATURES))
+        for n in self.norms:  # non-trivial affine parameters
+            nn.init.normal_(n.weight)
+            nn.init.normal_(n.bias)
+
+    def forward(self, x):
+        pieces = torch.split(x, WIDTH, dim=1)
+        return torch.cat([self.norms[i](pieces[i]) for i in range(FEATURES)], dim=1)
+
+
+def pointwise(a, b, c, d):
+    return torch.tanh(a) + torch.tanh(b), torch.tanh(c) * 2.0 + torch.tanh(d) * 2.0
+
+
+def chain(x, w1, w2):
+    return F.linear(F.linear(x, w1), w2)
+
+
+def inputs(*shapes):
+    return tuple(torch.randn(*s) for s in shapes)
+
+
+def test_same_shape_linears_become_one_matmul():
+    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)))
+    counts = op_counts(optimized)
+    assert counts["linear"] == 0 and counts["matmul"] == 1 and counts["relu"] == 1, dict(counts)
+    assert optimized.meta["optimus_eqsat"].batched.get("batch-linear") == FEATURES
+
+
+def test_linears_without_bias():
+    optimized = optimize_and_check(Towers(bias=False), *inputs((4, FEATURES * WIDTH)))
+    assert op_counts(optimized)["matmul"] == 1
+
+
+def launch_count_cost(c, node):
+    """A cost under which batching always wins: every kernel 1, cats and views free."""
+    if node.ctor in ("Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil", "TCons", "Cat"):
+        return 0.0 if node.ctor == "Leaf" else 1e-6
+    return 1.0
+
+
+def batched_program(fn, *example):
+    """The batched alternative itself, extracted under launch_count_cost."""
+    run = OptimizationRun(torch.fx.symbolic_trace(fn), example, OptimizeOptions(raise_on_error=True))
+    run.saturate()
+    run.extract(cost=launch_count_cost)
+    program = run.build()
+    assert_same_numerics(fn, program, example)
+    return program, run.report
+
+
+@pytest.mark.parametrize("module, shape, op, kind", [
+    (Towers(), (4, FEATURES * WIDTH), "matmul", "batch-linear"),
+    (SharedInput(), (4, WIDTH), "linear", "batch-linear_lhs"),
+    (Norms(), (4, FEATURES * WIDTH), "layer_norm", "batch-layer_norm"),
+])
+def test_batched_alternative_is_correct(module, shape, op, kind):
+    program, report = batched_program(module, torch.randn(*shape))
+    assert report.batched.get(kind), report.batched
+    assert op_counts(program)[op] == 1, dict(op_counts(program))
+
+
+def test_elementwise_alternative_is_correct():
+    program, report = batched_program(pointwise, *inputs((3, 4), (3, 4), (3, 4), (3, 4)))
+    assert report.batched.get("batch-elementwise") == 4
+    assert op_counts(program)["tanh"] == 1
+
+
+def test_cost_model_keeps_what_inductor_already_fuses():
+    """Layer norms over slices of one tensor already fuse into one kernel: batching
+    (which must stack the affine parameters) would add launches, so it is declined."""
+    module = Norms()
+    optimized = optimize_and_check(module, *inputs((4, FEATURES * WIDTH)))
+    report = optimized.meta["optimus_eqsat"]
+    assert report.batched.get("batch-layer_norm") == FEATURES
+    assert report.launches_after <= report.launches_before
+
+
+def test_dependent_linears_are_not_batched():
+    optimized = optimize_and_check(chain, *inputs((4, 6), (6, 6), (6, 6)))
+    counts = op_counts(optimized)
+    assert counts["linear"] == 2 and counts["matmul"] == 0, dict(counts)
+    assert not optimized.meta["optimus_eqsat"].batched.get("batch-linear")
+
+
+def test_batching_can_be_switched_off():
+    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), rulesets=("splitcat",))
+    assert op_counts(optimized)["linear"] == FEATURES
