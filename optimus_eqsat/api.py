@@ -232,7 +232,11 @@ class OptimizationRun:
     def build(self) -> torch.fx.GraphModule:
         """The extracted program as a new GraphModule (no cost check)."""
         result = rebuild(self.translation, self.egraph, self.extraction.choice)
-        propagate_meta(result, self.example_inputs)
+        if self.example_inputs is None:
+            # Dynamo/export graphs: give new nodes fake-tensor meta like the rest. With
+            # example inputs the cost model runs them instead (and torch._dynamo, which
+            # fake tensors import, costs seconds to import the first time).
+            propagate_meta(result)
         return result
 
     def finish(self) -> torch.fx.GraphModule:

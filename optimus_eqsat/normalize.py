@@ -395,7 +395,8 @@ def h_arith(name: str) -> Handler:
             op, x, y = {"sub": "rsub", "div": "rdiv", "pow": "rpow"}[op], y, x
         if not (isinstance(x, torch.fx.Node) and _is_number(y)) or not ctx.same_dtype_as_input(x):
             return ctx.generic(POINTWISE, elementwise=True)
-        key = ctx.named(op, _SCALAR_TARGETS.get(op, op), 1, POINTWISE)
+        # Same spec as the Binary op of that name (rebuild reads only its target for scalars)
+        key = ctx.named(op, _SCALAR_TARGETS.get(op, op), 2, POINTWISE)
         return f"(Scalar \"{key}\" {ctx.ref(x)} {float(y)!r})"
 
     return handler
@@ -427,6 +428,14 @@ def h_generic(kind: str, elementwise: bool = False) -> Handler:
         return ctx.generic(kind, elementwise=elementwise)
 
     return handler
+
+
+def h_neg(ctx: Context, a: dict[str, Any]) -> str:
+    """A plain neg (one tensor, nothing else) gets the fixed key "neg" that rules match on."""
+    node = ctx.node
+    if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], torch.fx.Node):
+        return ctx.generic(POINTWISE, elementwise=True)
+    return f"(Unary \"{ctx.named('neg', torch.neg, 1, POINTWISE)}\" {ctx.ref(node.args[0])})"
 
 
 def h_matmul(ctx: Context, a: dict[str, Any]) -> str:
@@ -477,6 +486,7 @@ HANDLERS: dict[str, tuple[list[str], dict[str, Any], Handler]] = {
     "bmm": ([_X, "mat2|other"], {}, lambda c, a: h_matmul(c, {"input": a["input"], "other": a["mat2"]})),
     "linear": ([_X, "weight", "bias"], {"bias": None}, h_linear),
     "addmm": ([_X, "mat1", "mat2", "beta", "alpha"], {"beta": 1, "alpha": 1}, h_addmm),
+    "neg": ([], {}, h_neg),
 }
 # Views whose result shape comes from meta: only the input tensor is read.
 for _name in ("reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as"):
@@ -485,7 +495,8 @@ for _name in ("expand", "expand_as", "broadcast_to"):
     HANDLERS[_name] = ([], {}, h_expand)
 HANDLERS["permute"] = ([], {}, h_permute)
 for _name in _ARITH | set(_REVERSED):
-    HANDLERS[_name] = ([_X, "other|exponent", "alpha", "rounding_mode"], {}, h_arith(_name))
+    HANDLERS[_name] = ([_X, "other|exponent", "alpha", "rounding_mode"], {"alpha": 1, "rounding_mode": None},
+                       h_arith(_name))
 for _name in ELEMENTWISE_UNARY:
     HANDLERS.setdefault(_name, ([], {}, h_generic(POINTWISE, elementwise=True)))
 for _name in ELEMENTWISE_MULTI:

