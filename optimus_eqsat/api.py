@@ -65,7 +65,24 @@ class OptimizeOptions:
                 options[name] = (options[name],)
             if name in options:
                 options[name] = tuple(str(v) for v in options[name])
-        return cls(**options)
+        opts = cls(**options)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        """Raise ValueError on option values that can never work (a caller's mistake, not a fallback)."""
+        known = set(rewrites.builtin_rulesets()) | set(rewrites.PYTHON_FAMILIES) | set(DEFAULT_RULESETS)
+        unknown = [name for name in self.rulesets if name not in known]
+        if unknown:
+            raise ValueError(f"unknown ruleset(s) {unknown}; shipped: {sorted(known)}")
+        if self.extractor not in ("auto", "greedy", "ilp"):
+            raise ValueError(f"unknown extractor {self.extractor!r}; choose auto, greedy or ilp")
+        from .extract.cost_model import get_profile
+
+        try:
+            get_profile(self.profile)
+        except KeyError as exc:
+            raise ValueError(str(exc)) from None
 
     @property
     def limits(self) -> Limits:

@@ -1,0 +1,147 @@
+"""optimize_graph on the graphs users have, and its behaviour on bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from benchmarks.synthetic import split_cat_chain
+from optimus_eqsat import OptimizationError, optimize_graph
+from tests.helpers import assert_same_numerics, op_counts
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 6)
+        self.register_buffer("scale", torch.full((6,), 0.5))
+
+    def forward(self, x):
+        a, b, c = x.split(4, dim=-1)
+        y = torch.cat([a, b, c], dim=-1)
+        return self.proj(y) * self.scale, torch.stack([a, b], dim=0)
+
+
+def test_symbolic_trace_graph_keeps_interface_and_params():
+    model = Model()
+    x = torch.randn(5, 12)
+    gm = torch.fx.symbolic_trace(model)
+    optimized = optimize_graph(gm, (x,), raise_on_error=True)
+    assert [n.name for n in optimized.graph.nodes if n.op == "placeholder"] == ["x"]
+    assert dict(optimized.named_parameters()).keys() == dict(gm.named_parameters()).keys()
+    assert "split" not in op_counts(optimized)
+    assert isinstance(optimized(x), tuple) and len(optimized(x)) == 2
+    assert_same_numerics(model, optimized, (x,))
+
+
+def _dynamo_graph(model, *inputs, dynamic=False):
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append((gm, example_inputs))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=capture, dynamic=dynamic, fullgraph=True)(*inputs)
+    return captured[0]
+
+
+def test_dynamo_graph_uses_meta_shapes():
+    model = Model()
+    x = torch.randn(5, 12)
+    gm, example_inputs = _dynamo_graph(model, x)
+    optimized = optimize_graph(gm, raise_on_error=True)  # shapes from meta["example_value"]
+    report = optimized.meta["optimus_eqsat"]
+    assert not report.fell_back and report.rules_fired
+    torch.testing.assert_close(optimized(*example_inputs), gm(*example_inputs))
+
+
+def test_dynamic_shapes_do_not_crash():
+    model = Model()
+    x = torch.randn(5, 12)
+    gm, example_inputs = _dynamo_graph(model, x, dynamic=True)
+    optimized = optimize_graph(gm)
+    assert not optimized.meta["optimus_eqsat"].fell_back or optimized.meta["optimus_eqsat"].fallback_reason
+    concrete = [a for a in example_inputs if isinstance(a, torch.Tensor)]
+    ints = [a for a in example_inputs if not isinstance(a, torch.Tensor)]
+    if not ints:
+        torch.testing.assert_close(optimized(*concrete), gm(*concrete))
+
+
+def test_export_graph():
+    model = Model()
+    x = torch.randn(5, 12)
+    gm = torch.export.export(model, (x,)).module()
+    optimized = optimize_graph(gm, raise_on_error=True)
+    torch.testing.assert_close(optimized(x), model(x))
+    assert optimized.meta["optimus_eqsat"].rules_fired
+
+
+def test_nothing_to_optimize_is_unchanged():
+    def f(x, w):
+        return torch.nn.functional.linear(x, w).cumsum(0)
+
+    gm = torch.fx.symbolic_trace(f)
+    optimized = optimize_graph(gm, (torch.randn(3, 4), torch.randn(5, 4)), raise_on_error=True)
+    assert op_counts(optimized) == op_counts(gm)
+
+
+def test_input_is_not_mutated_and_result_is_new():
+    gm = torch.fx.symbolic_trace(Model())
+    code = gm.code
+    optimized = optimize_graph(gm, (torch.randn(5, 12),))
+    assert optimized is not gm and gm.code == code
+
+
+def test_bad_rule_file_falls_back_with_a_warning(tmp_path, caplog):
+    rules = tmp_path / "broken.egg"
+    rules.write_text("(ruleset mine)\n(rewrite (Slice x) :ruleset mine)\n")
+    gm = torch.fx.symbolic_trace(Model())
+    with caplog.at_level(logging.WARNING, logger="optimus_eqsat"):
+        optimized = optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(rules)])
+    report = optimized.meta["optimus_eqsat"]
+    assert report.fell_back and report.fallback_reason
+    assert "returning the original graph" in caplog.text
+    assert op_counts(optimized) == op_counts(gm)
+    with pytest.raises(OptimizationError):
+        optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(rules)], raise_on_error=True)
+
+
+def test_user_rule_file_is_used(tmp_path):
+    rules = tmp_path / "mine.egg"
+    rules.write_text('(ruleset mine)\n(rewrite (Unary "tanh" (Unary "tanh" x)) (Unary "tanh" x) :ruleset mine :name "mine-wrong")\n')
+    gm = torch.fx.symbolic_trace(lambda x: x.relu())
+    optimized = optimize_graph(gm, (torch.randn(3),), rule_files=[str(rules)], raise_on_error=True)
+    assert "mine-wrong" not in optimized.meta["optimus_eqsat"].rules_fired  # loaded, never matched
+
+
+def test_budget_exhausted_still_returns_a_correct_graph():
+    model = Model()
+    x = torch.randn(5, 12)
+    gm = torch.fx.symbolic_trace(model)
+    optimized = optimize_graph(gm, (x,), max_iterations=1, raise_on_error=True)
+    assert optimized.meta["optimus_eqsat"].stop_reason in ("iteration_limit", "saturated")
+    assert_same_numerics(model, optimized, (x,))
+
+
+def test_unknown_option_and_bad_input_are_clear_errors():
+    gm = torch.fx.symbolic_trace(Model())
+    with pytest.raises(TypeError, match="unknown optimize_graph option"):
+        optimize_graph(gm, no_such_option=1)
+    with pytest.raises(TypeError, match="GraphModule"):
+        optimize_graph(Model())
+    with pytest.raises(ValueError, match="unknown ruleset"):
+        optimize_graph(gm, rulesets=("nope",), raise_on_error=True)
+
+
+def test_large_chain_round_trips():
+    # 100,000 nodes: benchmarks/bench_pipeline.py; here a size that keeps the suite fast
+    gm, (x,) = split_cat_chain(5_000, width=2, batch=1)
+    optimized = optimize_graph(gm, raise_on_error=True, extractor="greedy")
+    report = optimized.meta["optimus_eqsat"]
+    assert not report.fell_back
+    assert "cat" not in op_counts(optimized) and report.nodes_after < report.nodes_before / 2
+    torch.testing.assert_close(optimized(x), gm(x))
