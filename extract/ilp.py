@@ -18,21 +18,133 @@ close a cycle), a continuous topological position ``t_c`` and one continuous
 The order constraints make every chosen edge inside a component go strictly
 down in ``t``, so chosen nodes form a DAG. The greedy result is computed first
 as an upper bound and kept whenever the solver does not beat it.
+
+Before the model is built, :func:`reduce_for_ilp` drops e-nodes that no
+optimal acyclic program needs (exact reductions, so "optimal" stays optimal):
+
+* *necessarily cyclic* nodes: ``need(d)`` is the set of classes every acyclic
+  term of class ``d`` contains (greatest fixpoint of
+  ``need(d) = {d} | AND_nodes OR_children need(child)``, Python ints as
+  bitsets). A node of class ``c`` with a child ``d`` where ``c`` is in
+  ``need(d)`` can never be in an acyclic program (self-loops included). On
+  real e-graphs this removes the ``x = slice(cat(x, ..))`` round trips;
+* *dominated* nodes: a node is dropped when another node of its class costs no
+  more and uses a subset of its children (it can replace it in any program
+  without adding an edge, so no cycle either);
+
+then classes left without a finite acyclic term and everything the roots no
+longer reach are removed, and the strongly connected components (where the
+order variables live) are recomputed on what remains.
+
+Costs are divided by the smallest positive cost before they reach HiGHS: real
+costs are seconds (views 1e-9, kernels 1e-6), below HiGHS's absolute
+tolerances, which made it stop at non-optimal points and report them optimal.
+
+Measured on real pipeline e-graphs (benchmarks/bench_extractors.py --models),
+a lazy cycle-cut loop (solve without order constraints, add exit cuts for the
+cycles of the chosen program, resolve) and a big-M order region grown from the
+cycles found were both tried and were slower than the formulation here: zero-
+cost-ish view cycles give the relaxation plateaus of equal cost, and each
+resolve only removes one of very many equivalent cycles.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from .egraph import CompactGraph, Extraction, ExtractionError, ExtractionGraph, compact, dag_cost
+from .egraph import CompactGraph, ENode, Extraction, ExtractionError, ExtractionGraph, compact, dag_cost
 from .greedy import GreedyDagExtractor
 
-__all__ = ["IlpExtractor"]
+__all__ = ["IlpExtractor", "reduce_for_ilp"]
+
+
+def _needs(cg: CompactGraph) -> list[int | None]:
+    """Per class, the bitset of classes every acyclic term of it contains (None: no term)."""
+    comps, _, _ = cg.components()
+    parents: list[list[int]] = [[] for _ in range(cg.n_classes)]
+    for n, chs in enumerate(cg.node_children):
+        for ch in chs:
+            parents[ch].append(cg.node_class[n])
+    need: list[int | None] = [None] * cg.n_classes
+    queued = [True] * cg.n_classes
+    work = deque(c for m in comps for c in m)  # children first: few re-evaluations
+    while work:
+        c = work.popleft()
+        queued[c] = False
+        acc: int | None = None
+        for n in cg.class_nodes[c]:
+            u = 0
+            for ch in cg.node_children[n]:
+                v = need[ch] if ch != c else None
+                if v is None:
+                    break
+                u |= v
+            else:
+                acc = u if acc is None else acc & u
+        if acc is None:
+            continue
+        acc |= 1 << c
+        if acc != need[c]:
+            need[c] = acc
+            for p in parents[c]:
+                if not queued[p]:
+                    queued[p] = True
+                    work.append(p)
+    return need
+
+
+def _dominated(cg: CompactGraph, keep: list[bool], max_nodes: int = 256) -> None:
+    """Clear ``keep`` for nodes dominated by a no-costlier node with a subset of their children."""
+    cost, children = cg.node_cost, cg.node_children
+    for nodes in cg.class_nodes:
+        if len(nodes) < 2 or len(nodes) > max_nodes:
+            continue
+        alive = [n for n in nodes if keep[n]]
+        # Cheapest first, then fewest children: a dominator comes before what it dominates.
+        alive.sort(key=lambda n: (cost[n], len(children[n]), n))
+        kept: list[tuple[int, frozenset[int]]] = []
+        for n in alive:
+            s = frozenset(children[n])
+            if any(t <= s for _, t in kept):
+                keep[n] = False
+            else:
+                kept.append((n, s))
+
+
+def reduce_for_ilp(cg: CompactGraph, rounds: int = 3) -> CompactGraph:
+    """Drop nodes no optimal acyclic program needs (see module doc); exact."""
+    for _ in range(rounds):
+        need = _needs(cg)
+        keep = [True] * cg.n_nodes
+        for n, chs in enumerate(cg.node_children):
+            c = cg.node_class[n]
+            if any(need[ch] is None or (need[ch] >> c) & 1 for ch in chs):
+                keep[n] = False
+        _dominated(cg, keep)
+        if all(keep):
+            break
+        cg = _restrict(cg, keep)
+    return cg
+
+
+def _restrict(cg: CompactGraph, keep: list[bool]) -> CompactGraph:
+    """The compact graph of the kept nodes (re-pruned), indices still into the input graph."""
+    classes: list[list[ENode]] = [[] for _ in range(cg.n_classes)]
+    ids: list[list[int]] = [[] for _ in range(cg.n_classes)]
+    for n, c in enumerate(cg.node_class):
+        if keep[n]:
+            classes[c].append(ENode("", cg.node_children[n], cg.node_cost[n]))
+            ids[c].append(n)
+    sub = compact(ExtractionGraph(classes, list(cg.roots)))
+    sub.node_local = [cg.node_local[ids[sub.class_orig[c]][k]] for c, k in zip(sub.node_class, sub.node_local)]
+    sub.class_orig = [cg.class_orig[c] for c in sub.class_orig]
+    return sub
 
 
 def _build(cg: CompactGraph) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
@@ -152,7 +264,12 @@ class IlpExtractor:
             info["stop"] = "greedy meets lower bound"
             return Extraction(greedy.choice, greedy.cost, "greedy", True, 0.0, info=info)
 
+        cg = reduce_for_ilp(cg)
+        info.update(ilp_classes=cg.n_classes, ilp_nodes=cg.n_nodes, reduce_s=time.perf_counter() - t0)
         objective, integrality, bounds, constraints, n_x = _build(cg)
+        positive = objective[objective > 0]
+        unit = float(positive.min()) if positive.size else 1.0
+        objective = objective / unit  # HiGHS tolerances are absolute: keep costs O(1) and up
         presolve = self.presolve
         if presolve is None:
             users = np.diff(constraints.A.tocsc().indptr)[n_x: n_x + cg.n_classes]
@@ -166,6 +283,8 @@ class IlpExtractor:
         info["presolve"] = presolve
         info.update(stop=res.message, status=int(res.status), build_and_solve_s=time.perf_counter() - t0)
         dual = getattr(res, "mip_dual_bound", None)
+        if dual is not None:
+            dual = float(dual) * unit  # back to the caller's units
         if res.x is None:
             return _fallback(greedy, info, dual)
         try:

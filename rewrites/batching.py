@@ -3,8 +3,9 @@
 Batching is a multi-pattern over n independent nodes, so it is not an egglog
 rule (pairwise merges would build n^2 terms, subsets 2^n). Instead, after the
 first saturation, candidates are grouped by a fusion key (op, operand shapes,
-constants, dtype) and by depth in the graph (nodes at the same longest-path
-depth cannot depend on each other, so a group never creates a cycle). Each
+constants, dtype), then split greedily into groups whose members do not
+depend on each other (a bitset of candidate ancestors per node), so a group
+never builds a cycle through its own members. Each
 group gains one batched term over stacked operands, and each member is
 unioned with its slice of that term. Saturation then runs again: the stacks
 cancel against surrounding splits and cats (a stack of slices of one tensor
@@ -59,13 +60,41 @@ def parse_candidate(i: int, term: str) -> Candidate | None:
     return Candidate(i, ctor, key, tuple(int(x) for x in _ID.findall(ids)), scalar)
 
 
-def depths(t: Translation) -> dict[int, int]:
-    """Longest-path depth of every FX node (graph order is topological)."""
+def candidate_ancestors(t: Translation, candidates: set[int]) -> dict[int, int]:
+    """For every candidate, a bitset (Python int) of the candidates it depends on.
+
+    One pass in graph order (which is topological); bits are candidate indices.
+    Big-int ORs keep this fast for thousands of candidates.
+    """
     index = t.index
-    depth: dict[int, int] = {}
+    bit = {i: 1 << k for k, i in enumerate(sorted(candidates))}
+    below: dict[int, int] = {}
     for i, node in enumerate(t.gm.graph.nodes):
-        depth[i] = 1 + max((depth[index[a]] for a in node.all_input_nodes), default=-1)
-    return depth
+        mask = 0
+        for a in node.all_input_nodes:
+            j = index[a]
+            mask |= below[j] | bit.get(j, 0)
+        below[i] = mask
+    return {i: below[i] for i in candidates} | {-(i + 1): bit[i] for i in candidates}
+
+
+def independent_groups(members: list[Candidate], ancestors: dict[int, int]) -> list[list[Candidate]]:
+    """Split same-key candidates into groups with no dependency inside a group.
+
+    Greedy in graph order: a candidate joins the first group none of whose
+    members it depends on (later candidates cannot be ancestors of earlier ones).
+    """
+    groups: list[tuple[int, list[Candidate]]] = []
+    for c in sorted(members, key=lambda c: c.node):
+        mine, deps = ancestors[-(c.node + 1)], ancestors[c.node]
+        for k, (mask, group) in enumerate(groups):
+            if not deps & mask:
+                group.append(c)
+                groups[k] = (mask | mine, group)
+                break
+        else:
+            groups.append((mine, [c]))
+    return [group for _, group in groups]
 
 
 class BatchBuilder:
@@ -118,7 +147,7 @@ def _layer_norm_args(spec: OpSpec) -> dict[str, Any] | None:
     return dict(bound.arguments)
 
 
-def fusion_key(t: Translation, c: Candidate, depth: int) -> tuple | None:
+def fusion_key(t: Translation, c: Candidate) -> tuple | None:
     """Nodes with equal keys may be batched together; None: not batchable."""
     if not _shapes_known(t, c):
         return None
@@ -126,18 +155,18 @@ def fusion_key(t: Translation, c: Candidate, depth: int) -> tuple | None:
     dtype = t.dtypes.get(c.node)
     spec = t.registry.specs.get(c.key)
     if c.ctor in ("Unary", "Scalar", "Binary") and spec is not None and spec.kind == POINTWISE:
-        return (c.ctor, c.key, shapes, c.scalar, dtype, depth)
+        return (c.ctor, c.key, shapes, c.scalar, dtype)
     if c.key in ("linear", "linear_b") and len(t.shapes[c.operands[1]]) == 2:
-        return ("linear", c.key, shapes, dtype, depth)
+        return ("linear", c.key, shapes, dtype)
     if spec is not None and _layer_norm_args(spec) is not None:
-        return ("layer_norm", c.key, shapes, dtype, depth)
+        return ("layer_norm", c.key, shapes, dtype)
     return None
 
 
-def lhs_fusion_key(t: Translation, c: Candidate, depth: int) -> tuple | None:
+def lhs_fusion_key(t: Translation, c: Candidate) -> tuple | None:
     """Linears reading the same input (any output width) may share one matmul."""
     if c.key in ("linear", "linear_b") and _shapes_known(t, c) and len(t.shapes[c.operands[1]]) == 2:
-        return ("linear_lhs", c.key, c.operands[0], t.dtypes.get(c.node), depth)
+        return ("linear_lhs", c.key, c.operands[0], t.dtypes.get(c.node))
     return None
 
 
@@ -219,22 +248,23 @@ _BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm, "linear_l
 
 def batch_facts(t: Translation) -> tuple[list[str], dict[str, int]]:
     """Facts adding one batched alternative per group; and group counts by kind for the report."""
-    depth = depths(t)
-    groups: dict[tuple, list[Candidate]] = defaultdict(list)
+    keyed: dict[tuple, list[Candidate]] = defaultdict(list)
     for i, term in t.terms.items():
         candidate = parse_candidate(i, term)
         if candidate is None:
             continue
         for key_of in (fusion_key, lhs_fusion_key):
-            key = key_of(t, candidate, depth.get(i, -1))
+            key = key_of(t, candidate)
             if key is not None:
-                groups[key].append(candidate)
+                keyed[key].append(candidate)
+    keyed = {k: v for k, v in keyed.items() if len(v) >= MIN_GROUP}
+    ancestors = candidate_ancestors(t, {c.node for members in keyed.values() for c in members})
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)
-    for key, members in groups.items():
-        if len(members) < MIN_GROUP:
-            continue
+    for key, members in keyed.items():
         kind = key[0] if key[0] in _BUILDERS else "elementwise"
-        _BUILDERS.get(kind, _batch_elementwise)(builder, members)
-        stats[f"batch-{kind}"] += len(members)
+        for group in independent_groups(members, ancestors):
+            if len(group) >= MIN_GROUP:
+                _BUILDERS.get(kind, _batch_elementwise)(builder, group)
+                stats[f"batch-{kind}"] += len(group)
     return builder.facts, dict(stats)
