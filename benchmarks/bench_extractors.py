@@ -1,7 +1,10 @@
 """Extraction time and cost per extractor on synthetic e-graphs.
 
 Run ``python benchmarks/bench_extractors.py [--sizes 1000 10000 100000]
-[--time-limit 10]``. The generators are also used by
+[--time-limit 10] [--models]``. ``--models`` instead extracts the real
+e-graphs our pipeline saturates (OptimizationRun.saturate) for DemoRecModel,
+split_cat_chain(1000 / 10000) and every model of ``benchmarks.zoo.MODELS``
+that ``torch.fx.symbolic_trace`` accepts. The generators are also used by
 ``tests/test_extractors.py``.
 
 E-graph families (sizes are e-node counts, approximately):
@@ -107,12 +110,70 @@ def _fmt(r: dict[str, object]) -> str:
             f"{r['cost']:>10.1f} {r['result_by']:<8} {str(r['optimal']):<7} {gap}")
 
 
+def real_egraphs(chains: tuple[int, ...] = (1_000, 10_000)):
+    """Yield (name, ExtractionGraph) for the real pipeline e-graphs (see module doc)."""
+    import torch
+
+    from benchmarks.synthetic import split_cat_chain
+    from optimus_eqsat.api import OptimizationRun, OptimizeOptions
+    from optimus_eqsat.demo import DemoRecModel
+
+    def saturated(gm, inputs) -> ExtractionGraph:
+        run = OptimizationRun(gm, inputs, OptimizeOptions())
+        run.saturate()
+        return run.egraph.extraction_graph(run.roots, run.cost)
+
+    model = DemoRecModel().eval()
+    yield "demo", saturated(torch.fx.symbolic_trace(model), model.example_inputs())
+    for n in chains:
+        yield f"split_cat_chain({n})", saturated(*split_cat_chain(n))
+    try:
+        from benchmarks.zoo import MODELS
+    except Exception as err:  # pragma: no cover - the zoo is optional
+        print(f"# zoo not importable: {err}")
+        return
+    for name, spec in MODELS.items():
+        try:
+            model = spec.build(scale=1, seed=0).eval()
+            gm = torch.fx.symbolic_trace(model)
+        except Exception as err:  # noqa: BLE001 - untraceable models are skipped
+            print(f"# {name}: skipped ({type(err).__name__}: {str(err)[:80]})")
+            continue
+        yield name, saturated(gm, spec.inputs(batch=8, seed=0))
+
+
+def run_models(time_limit: float, extractors: list[str]) -> list[dict[str, object]]:
+    """Every extractor on every real e-graph; returns table rows."""
+    rows = []
+    for family, graph in real_egraphs():
+        for name in extractors:
+            opts = {"time_limit": time_limit} if name in ("ilp", "auto") else {}
+            t0 = time.perf_counter()
+            try:
+                ext = get_extractor(name, **opts).extract(graph)
+                cost, by, opt, gap = ext.cost, ext.extractor, ext.optimal, ext.gap
+            except ExtractionError as err:  # pragma: no cover - reported in table
+                cost, by, opt, gap = float("nan"), f"error: {err}", False, None
+            rows.append(dict(family=family, nodes=graph.num_nodes, extractor=name,
+                             seconds=time.perf_counter() - t0, cost=cost, result_by=by, optimal=opt, gap=gap))
+            r = rows[-1]
+            g = "" if gap is None else f"{gap:.3g}"
+            print(f"{family:<22} {r['nodes']:>8} {name:<7} {r['seconds']:>8.2f} {cost:>12.6e} {by:<8} {str(opt):<7} {g}",
+                  flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--time-limit", type=float, default=10.0, help="ILP time limit (s)")
     ap.add_argument("--extractors", nargs="+", default=["greedy", "ilp", "auto"])
+    ap.add_argument("--models", action="store_true", help="real pipeline e-graphs instead of synthetic ones")
     args = ap.parse_args()
+    if args.models:
+        print(f"{'graph':<22} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>12} {'result by':<8} {'optimal':<7} gap")
+        run_models(args.time_limit, args.extractors)
+        return
     print(HEADER)
     run(args.sizes, args.time_limit, args.extractors)
 

@@ -168,11 +168,35 @@ def format_table(rows: Sequence[CalibrationRow]) -> str:
     return "\n".join(lines)
 
 
+def zoo_cases(batch: int = 16, names: Sequence[str] | None = None) -> list[Case]:
+    """Each zoo model, and its graph after optimize_graph (same inputs), as cases."""
+    from benchmarks.zoo import MODELS
+    from optimus_eqsat import optimize_graph
+
+    cases: list[Case] = []
+    for name, spec in MODELS.items():
+        if names and name not in names:
+            continue
+        model = spec.build(scale=1, seed=0).eval()
+        inputs = spec.inputs(batch, 0)
+        cases.append((name, model, inputs))
+        try:
+            optimized = optimize_graph(torch.fx.symbolic_trace(model), inputs, profile="cpu")
+        except Exception as exc:  # a model symbolic_trace cannot take: original only
+            print(f"{name}: no optimized case ({type(exc).__name__}: {exc})")
+            continue
+        cases.append((f"{name} (optimized)", optimized, inputs))
+    return cases
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--zoo", action="store_true", help="calibrate on the benchmark zoo, original and optimized")
+    parser.add_argument("--models", default="", help="comma-separated zoo models (with --zoo)")
     args = parser.parse_args(argv)
-    rows = calibrate(default_cases(args.batch))
+    names = [n for n in args.models.split(",") if n]
+    rows = calibrate(zoo_cases(args.batch, names) if args.zoo else default_cases(args.batch))
     print(format_table(rows))
     worst = max(abs(r.ratio - 1.0) for r in rows)
     print(f"worst relative error: {worst:.0%}")

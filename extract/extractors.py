@@ -31,14 +31,18 @@ class AutoExtractor:
 
     45,000 e-nodes solved in ~3 s on these machines (DESIGN.md), so the default
     size cut-off keeps the ILP within its ``time_limit`` on typical graphs.
+    The ILP gets at most ``max_ilp_seconds`` (default 2) of that limit: real
+    e-graphs it can solve are solved well within it (bench_extractors.py
+    --models), and where it cannot prove optimality, more time rarely helps.
     """
 
     name = "auto"
 
-    def __init__(self, max_ilp_nodes: int = 50_000, time_limit: float = 10.0, paid_rounds: int = 3) -> None:
+    def __init__(self, max_ilp_nodes: int = 50_000, time_limit: float = 10.0, paid_rounds: int = 3,
+                 max_ilp_seconds: float = 2.0) -> None:
         self.max_ilp_nodes = max_ilp_nodes
         self.greedy = GreedyDagExtractor(paid_rounds=paid_rounds)
-        self.ilp = IlpExtractor(time_limit=time_limit)
+        self.ilp = IlpExtractor(time_limit=min(time_limit, max_ilp_seconds))
 
     def extract(self, graph: ExtractionGraph) -> Extraction:
         """Extract all roots together; raises ``ExtractionError`` if impossible."""

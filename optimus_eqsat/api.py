@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -17,6 +18,7 @@ from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.b
 from .egraph_export import export
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
+from .extract.group_search import GroupMove, improve_with_groups
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
 from .saturate import EGraphSession, Limits
@@ -41,6 +43,8 @@ class OptimizeOptions:
         profile: device profile of the cost model ("h100", "h200", "a100", "cpu").
         raise_on_error: raise instead of falling back to the original graph.
         never_worse: return the original when the cost model predicts the result slower.
+        refine_batches: re-extract without each kind of batch and keep the variant the
+            fusion-aware cost model (fx_cost) predicts fastest.
     """
 
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
@@ -53,6 +57,7 @@ class OptimizeOptions:
     profile: str = "h100"
     raise_on_error: bool = False
     never_worse: bool = True
+    refine_batches: bool = True
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> "OptimizeOptions":
@@ -181,6 +186,25 @@ def _optimize(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, op
     return run.finish()
 
 
+def _path_to(eg: Any, start: int, target: int | None, depth: int = 3) -> dict[int, int] | None:
+    """Node choices leading from class ``start`` to class ``target`` in at most ``depth`` steps
+    (a member's Reshape(Slice(batched)) alternative), or None."""
+    if target is None:
+        return None
+    frontier: list[tuple[int, dict[int, int]]] = [(start, {})]
+    for _ in range(depth):
+        following = []
+        for c, picks in frontier:
+            for k, node in enumerate(eg.classes[c]):
+                if node.ctor in ("Id", "LId"):
+                    continue
+                if target in node.children:
+                    return {**picks, c: k}
+                following.extend((ch, {**picks, c: k}) for ch in node.children if ch not in picks)
+        frontier = following[:64]  # views only: the path is short and narrow
+    return None
+
+
 class OptimizationRun:
     """One optimization, phase by phase, keeping every intermediate.
 
@@ -197,6 +221,7 @@ class OptimizationRun:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
                  options: OptimizeOptions | None = None, report: OptimizeReport | None = None):
         self.gm, self.example_inputs = gm, example_inputs
+        self.batches = None
         self.options = options or OptimizeOptions()
         self.report = report or OptimizeReport(nodes_before=_op_count(gm))
 
@@ -216,9 +241,10 @@ class OptimizationRun:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.
             with _phase(report, "batch"):
-                facts, report.batched = rewrites.batching.batch_facts(t)
-                self.session.load(facts, fx_nodes=len(t.nodes))
-            if facts:
+                self.batches = rewrites.batching.batch_facts(t)
+                report.batched = self.batches.members
+                self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
+            if self.batches.facts:
                 with _phase(report, "saturate"):
                     sat = self.saturation = self.session.saturate(opts.limits, previous=sat)
         report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
@@ -242,6 +268,9 @@ class OptimizationRun:
             self.graph = self.egraph.extraction_graph(self.roots, cost or self.cost)
             options = {"time_limit": opts.ilp_time_limit_s} if name in ("ilp", "auto") else {}
             self.extraction = get_extractor(name, **options).extract(self.graph)
+            if self.batches is not None:
+                self.extraction, self.report.group_moves = improve_with_groups(
+                    self.graph, self.extraction, self.group_moves())
         ext = self.extraction
         self.report.extractor, self.report.extraction_cost = ext.extractor, ext.cost
         self.report.optimal, self.report.gap = ext.optimal, ext.gap
@@ -256,6 +285,58 @@ class OptimizationRun:
             propagate_meta(result)
         return result
 
+    def group_moves(self) -> list[GroupMove]:
+        """For every batch group: each member's choice of its slice of the batched term."""
+        eg, moves = self.egraph, []
+        for batched, members in self.batches.groups:
+            target = eg.class_of_id.get(batched)
+            picks: dict[int, int] = {}
+            for m in members:
+                path = _path_to(eg, eg.class_of_id[m], target)
+                if path is None:
+                    break
+                picks.update(path)
+            else:
+                moves.append(GroupMove(f"{self.translation.nodes[members[0]].name}+{len(members) - 1}", picks))
+        return moves
+
+    def without_batches(self, kinds: Sequence[str]) -> Any:
+        """The e-node cost with the batched alternatives of ``kinds`` forbidden."""
+        eg, banned = self.egraph, set()
+        for kind in kinds:
+            banned.update(eg.class_of_id[i] for i in self.batches.outputs.get(kind, ()) if i in eg.class_of_id)
+        base = self.cost
+
+        def cost(c: int, node: Any) -> float:
+            if c in banned and node.ctor not in ("Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat"):
+                return math.inf
+            return base(c, node)
+
+        return cost
+
+    def _refine(self, result: torch.fx.GraphModule, launches: int, seconds: float) -> tuple:
+        """Drop batch kinds that the fusion model says do not pay (e-node costs are additive,
+        Inductor's fusion is not). Tries each kind alone and all together, keeps the best."""
+        opts, report = self.options, self.report
+        kinds = sorted(k for k, ids in (self.batches.outputs if self.batches else {}).items() if ids)
+        if not kinds:
+            return result, launches, seconds
+        best = (seconds, launches, result, ())
+        saved = (self.graph, self.extraction)
+        for dropped in [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else []):
+            try:
+                self.extract(cost=self.without_batches(dropped), extractor="greedy")
+                candidate = self.build()
+            except Exception as exc:  # a kind that cannot be dropped: keep what we have
+                log.debug("optimus_eqsat: refine without %s failed: %s", dropped, exc)
+                continue
+            n, t = _predict(candidate, self.example_inputs, opts.profile)
+            if t < best[0] * (1 - 1e-9):
+                best, saved = (t, n, candidate, dropped), (self.graph, self.extraction)
+        self.graph, self.extraction = saved
+        report.dropped_batches = list(best[3])
+        return best[2], best[1], best[0]
+
     def finish(self) -> torch.fx.GraphModule:
         """Rebuild, predict launches before/after, and keep the original if the result is worse."""
         opts, report, gm = self.options, self.report, self.gm
@@ -264,6 +345,10 @@ class OptimizationRun:
         with _phase(report, "verify"):
             report.launches_before, report.cost_before = _predict(gm, self.example_inputs, opts.profile)
             report.launches_after, report.cost_after = _predict(result, self.example_inputs, opts.profile)
+        if opts.refine_batches:
+            with _phase(report, "refine"):
+                result, report.launches_after, report.cost_after = self._refine(
+                    result, report.launches_after, report.cost_after)
         if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
             report.fell_back = True
             report.fallback_reason = (

@@ -41,6 +41,8 @@ class OptimizeReport:
     optimal: bool | None = None
     gap: float | None = None
     batched: dict[str, int] = field(default_factory=dict)
+    dropped_batches: list[str] = field(default_factory=list)
+    group_moves: list[str] = field(default_factory=list)  # batch groups switched on after extraction
     fell_back: bool = False
     fallback_reason: str | None = None
     opaque_nodes: dict[str, str] = field(default_factory=dict)
@@ -64,7 +66,8 @@ class OptimizeReport:
             f"extraction:         {self.extractor} (optimal={self.optimal}, gap={self.gap})",
             f"time:               {self.total_seconds:.3f} s "
             + " ".join(f"{k}={v:.3f}" for k, v in self.phase_seconds.items()),
-            "batched:            " + (", ".join(f"{k} x{v}" for k, v in self.batched.items()) or "none"),
+            "batched:            " + (", ".join(f"{k} x{v}" for k, v in self.batched.items()) or "none")
+            + (f" (declined by the fusion model: {', '.join(self.dropped_batches)})" if self.dropped_batches else ""),
             "rules fired:        " + (", ".join(f"{k} x{v}" for k, v in fired if v) or "none"),
         ]
         if self.fell_back:

@@ -103,6 +103,8 @@ class BatchBuilder:
     def __init__(self, t: Translation):
         self.t = t
         self.facts: list[str] = []
+        self.outputs: list[int] = []  # ids of the batched terms, one per group
+        self.groups: list[tuple[int, list[int]]] = []  # (batched term id, member node ids)
 
     def new(self, term: str, shape: tuple[int, ...] | None = None) -> str:
         """Name ``term`` by a fresh id; give it a shape when rules cannot derive it."""
@@ -128,6 +130,8 @@ class BatchBuilder:
         return self.new(f"(Cat {cons_list(items, 0, self.facts.append, self._new_list_id)})"), (len(ids),) + shape
 
     def unstack(self, batched: str, members: list[int]) -> None:
+        self.outputs.append(int(_ID.match(batched).group(1)))
+        self.groups.append((self.outputs[-1], list(members)))
         for k, m in enumerate(members):
             self.facts.append(f"(union (Id {m}) (Reshape (Slice {batched} 0 {k} {k + 1}) {vec(self.t.shapes[m])}))")
 
@@ -237,6 +241,8 @@ def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
         y = b.new(f"(Op3 \"{c0.key}\" (Id {x}) {w} {bias})", out_shape)
     else:
         y = b.new(f"(Op2 \"{c0.key}\" (Id {x}) {w})", out_shape)
+    b.outputs.append(int(_ID.match(y).group(1)))
+    b.groups.append((b.outputs[-1], [c.node for c in group]))
     last, start = len(out_shape) - 1, 0
     for c, width in zip(group, widths):
         b.facts.append(f"(union (Id {c.node}) (Slice {y} {last} {start} {start + width}))")
@@ -246,8 +252,18 @@ def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
 _BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm, "linear_lhs": _batch_linear_lhs}
 
 
-def batch_facts(t: Translation) -> tuple[list[str], dict[str, int]]:
-    """Facts adding one batched alternative per group; and group counts by kind for the report."""
+@dataclass
+class Batches:
+    """What batching added: the facts, members per kind, and the batched terms' ids per kind."""
+
+    facts: list[str]
+    members: dict[str, int]
+    outputs: dict[str, list[int]]
+    groups: list[tuple[int, list[int]]]  # (batched term id, member node ids)
+
+
+def batch_facts(t: Translation) -> Batches:
+    """Facts adding one batched alternative per group, with what they batch."""
     keyed: dict[tuple, list[Candidate]] = defaultdict(list)
     for i, term in t.terms.items():
         candidate = parse_candidate(i, term)
@@ -261,10 +277,12 @@ def batch_facts(t: Translation) -> tuple[list[str], dict[str, int]]:
     ancestors = candidate_ancestors(t, {c.node for members in keyed.values() for c in members})
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)
+    outputs: dict[str, list[int]] = defaultdict(list)
     for key, members in keyed.items():
         kind = key[0] if key[0] in _BUILDERS else "elementwise"
         for group in independent_groups(members, ancestors):
             if len(group) >= MIN_GROUP:
                 _BUILDERS.get(kind, _batch_elementwise)(builder, group)
                 stats[f"batch-{kind}"] += len(group)
-    return builder.facts, dict(stats)
+                outputs[f"batch-{kind}"].append(builder.outputs[-1])
+    return Batches(builder.facts, dict(stats), dict(outputs), builder.groups)

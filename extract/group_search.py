@@ -1,0 +1,103 @@
+"""A local search over batch groups, after any extractor.
+
+Batching pays only when *all* members of a group switch to their slice of the
+shared batched term at once; one member alone pays the whole batched cost.
+Greedy extractors judge members one at a time and so miss it, and the ILP may
+stop early on large e-graphs. This pass tries each group as one move: switch
+every member, choose the cheapest acyclic way to compute what newly becomes
+needed (tree-cost choices), and keep the move when the DAG cost drops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .egraph import Extraction, ExtractionError, ExtractionGraph, dag_cost, reachable_choice
+
+
+@dataclass(frozen=True)
+class GroupMove:
+    """Switch each member class to the given node index (its slice of the batched term)."""
+
+    name: str
+    members: dict[int, int]
+
+
+def tree_choice(graph: ExtractionGraph) -> tuple[list[float], dict[int, int]]:
+    """Per-class tree cost and its node: an acyclic fallback choice for any class.
+
+    Bottom-up fixpoint over strictly improving costs; with positive costs the
+    chosen nodes never form a cycle (each is costlier than its children).
+    """
+    n = len(graph.classes)
+    best = [math.inf] * n
+    pick: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+    for c, nodes in enumerate(graph.classes):
+        for node in nodes:
+            for child in node.children:
+                users.setdefault(child, []).append(c)
+    work = list(range(n))
+    queued = set(work)
+    while work:
+        c = work.pop()
+        queued.discard(c)
+        for k, node in enumerate(graph.classes[c]):
+            value = node.cost + sum(best[ch] for ch in node.children)
+            if value < best[c] * (1 - 1e-12) and value < best[c]:
+                best[c], pick[c] = value, k
+                for user in users.get(c, ()):
+                    if user not in queued:
+                        queued.add(user)
+                        work.append(user)
+    return best, pick
+
+
+MAX_ROUNDS = 4  # a move can pay only after the group feeding it moved: a few passes suffice
+
+
+def improve_with_groups(graph: ExtractionGraph, extraction: Extraction, moves: list[GroupMove]) -> tuple[Extraction, list[str]]:
+    """Apply every move that lowers the DAG cost, in passes until none does.
+
+    Returns the result and the names of the moves taken.
+    """
+    if not moves:
+        return extraction, []
+    _, fallback = tree_choice(graph)
+    choice, cost, taken = dict(extraction.choice), extraction.cost, []
+    pending = list(moves)
+    for _ in range(MAX_ROUNDS):
+        before = len(taken)
+        choice, cost, pending = _one_pass(graph, fallback, choice, cost, pending, taken)
+        if len(taken) == before:
+            break
+    if not taken:
+        return extraction, []
+    improved = Extraction(choice=choice, cost=cost, extractor=f"{extraction.extractor}+groups",
+                          optimal=False, gap=None, seconds=extraction.seconds)
+    return improved, taken
+
+
+def _one_pass(graph: ExtractionGraph, fallback: dict[int, int], choice: dict[int, int], cost: float,
+              moves: list[GroupMove], taken: list[str]) -> tuple[dict[int, int], float, list[GroupMove]]:
+    left = []
+    for move in moves:
+        trial = {**fallback, **choice, **move.members}
+        try:
+            reached = reachable_choice(graph, trial)
+            trial_cost = dag_cost(graph, reached)
+        except ExtractionError:  # the move closes a cycle through current choices: try with fallbacks only
+            trial = {**fallback, **move.members}
+            try:
+                reached = reachable_choice(graph, trial)
+                trial_cost = dag_cost(graph, reached)
+            except ExtractionError:
+                left.append(move)
+                continue
+        if trial_cost < cost * (1 - 1e-9):
+            choice, cost = reached, trial_cost
+            taken.append(move.name)
+        else:
+            left.append(move)
+    return choice, cost, left

@@ -1,0 +1,48 @@
+"""The batch-group local search that runs after extraction."""
+
+from __future__ import annotations
+
+import pytest
+
+from optimus_eqsat.extract.egraph import ENode, Extraction, ExtractionGraph, dag_cost
+from optimus_eqsat.extract.group_search import GroupMove, improve_with_groups, tree_choice
+
+
+def batching_graph(n: int = 5, batched_cost: float = 2.0) -> ExtractionGraph:
+    """Roots Y_i = {own kernel (cost 1) | slice_i of B (cost 0)}; B = {batched kernel}."""
+    leaf = 0
+    b = 1
+    classes = [[ENode("x", (), 0.0)], [ENode("batched", (leaf,), batched_cost)]]
+    for i in range(n):
+        classes.append([ENode(f"own{i}", (leaf,), 1.0), ENode(f"slice{i}", (b,), 0.0)])
+    return ExtractionGraph(classes, roots=list(range(2, 2 + n)))
+
+
+def own_kernels(graph: ExtractionGraph) -> Extraction:
+    choice = {c: 0 for c in graph.roots} | {0: 0}
+    return Extraction(choice, dag_cost(graph, choice), "test")
+
+
+def test_group_move_switches_all_members_at_once():
+    graph = batching_graph()
+    move = GroupMove("all", {c: 1 for c in graph.roots})
+    improved, taken = improve_with_groups(graph, own_kernels(graph), [move])
+    assert taken == ["all"] and improved.cost == pytest.approx(2.0)
+    assert dag_cost(graph, improved.choice) == pytest.approx(improved.cost)
+
+
+def test_group_move_that_does_not_pay_is_declined():
+    graph = batching_graph(batched_cost=9.0)
+    start = own_kernels(graph)
+    improved, taken = improve_with_groups(graph, start, [GroupMove("all", {c: 1 for c in graph.roots})])
+    assert taken == [] and improved is start
+
+
+def test_tree_choice_is_acyclic_fallback():
+    # class 0 = {leaf | slice(cat(0, 1))}: the fallback never picks the cycle
+    graph = ExtractionGraph([[ENode("leaf", (), 1.0), ENode("slice", (2,), 0.0)],
+                             [ENode("y", (), 1.0)],
+                             [ENode("cat", (0, 1), 1.0)]], roots=[0, 2])
+    best, pick = tree_choice(graph)
+    assert pick[0] == 0 and best[2] == pytest.approx(3.0)
+    assert dag_cost(graph, pick) == pytest.approx(3.0)
