@@ -43,10 +43,6 @@ RANDOM_OPS = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_li
               "multinomial", "normal", "uniform", "randperm", "poisson", "native_dropout"}
 
 
-# Terms whose shape the shape rules derive (rewrites/shapes.egg).
-_DERIVED_SHAPE_TERMS = ("(Slice ", "(Reshape ", "(Expand ", "(Unary ", "(Scalar ", "(Permute ", "(Cat ")
-
-
 class Impure(Unsupported):
     """A known op with a side effect (random, in training mode): opaque and ordered."""
 
@@ -301,8 +297,9 @@ class Translator:
         self.t.facts.append(f"(union (Id {i}) {term})")
         self.t.terms[i] = term
         self.t.status[i] = "term"
-        # The shape analysis derives these from their inputs; one fewer command per node.
-        if i in self.t.shapes and not term.startswith(_DERIVED_SHAPE_TERMS):
+        # Every known shape is loaded, also those the shape rules could derive: derived
+        # along a chain they take one saturation step per node (quadratic on deep graphs).
+        if i in self.t.shapes:
             self.t.facts.append(f"(set (shape (Id {i})) {normalize._vec(self.t.shapes[i])})")
 
     def _leaf(self, i: int) -> None:
