@@ -80,6 +80,19 @@ def chain(n_nodes: int) -> ExtractionGraph:
 FAMILIES = {"splitcat": splitcat_chain, "batching": batching_for, "wide": wide, "chain": chain}
 
 
+def measure(family: str, graph: ExtractionGraph, name: str, time_limit: float) -> dict[str, object]:
+    """One extractor on one e-graph: a table row (errors become rows too)."""
+    opts = {"time_limit": time_limit} if name in ("ilp", "auto") else {}
+    t0 = time.perf_counter()
+    try:
+        ext = get_extractor(name, **opts).extract(graph)
+        cost, by, opt, gap = ext.cost, ext.extractor, ext.optimal, ext.gap
+    except ExtractionError as err:  # pragma: no cover - reported in table
+        cost, by, opt, gap = float("nan"), f"error: {err}", False, None
+    return dict(family=family, nodes=graph.num_nodes, extractor=name, seconds=time.perf_counter() - t0,
+                cost=cost, result_by=by, optimal=opt, gap=gap)
+
+
 def run(sizes: list[int], time_limit: float, extractors: list[str]) -> list[dict[str, object]]:
     """Extract every family x size with every extractor; returns table rows."""
     rows = []
@@ -87,16 +100,7 @@ def run(sizes: list[int], time_limit: float, extractors: list[str]) -> list[dict
         for size in sizes:
             graph = make(size)
             for name in extractors:
-                opts = {"time_limit": time_limit} if name in ("ilp", "auto") else {}
-                t0 = time.perf_counter()
-                try:
-                    ext = get_extractor(name, **opts).extract(graph)
-                    cost, by, opt, gap = ext.cost, ext.extractor, ext.optimal, ext.gap
-                except ExtractionError as err:  # pragma: no cover - reported in table
-                    cost, by, opt, gap = float("nan"), f"error: {err}", False, None
-                rows.append(dict(family=family, nodes=graph.num_nodes, extractor=name,
-                                 seconds=time.perf_counter() - t0, cost=cost, result_by=by,
-                                 optimal=opt, gap=gap))
+                rows.append(measure(family, graph, name, time_limit))
                 print(_fmt(rows[-1]), flush=True)
     return rows
 
@@ -147,19 +151,10 @@ def run_models(time_limit: float, extractors: list[str]) -> list[dict[str, objec
     rows = []
     for family, graph in real_egraphs():
         for name in extractors:
-            opts = {"time_limit": time_limit} if name in ("ilp", "auto") else {}
-            t0 = time.perf_counter()
-            try:
-                ext = get_extractor(name, **opts).extract(graph)
-                cost, by, opt, gap = ext.cost, ext.extractor, ext.optimal, ext.gap
-            except ExtractionError as err:  # pragma: no cover - reported in table
-                cost, by, opt, gap = float("nan"), f"error: {err}", False, None
-            rows.append(dict(family=family, nodes=graph.num_nodes, extractor=name,
-                             seconds=time.perf_counter() - t0, cost=cost, result_by=by, optimal=opt, gap=gap))
-            r = rows[-1]
-            g = "" if gap is None else f"{gap:.3g}"
-            print(f"{family:<22} {r['nodes']:>8} {name:<7} {r['seconds']:>8.2f} {cost:>12.6e} {by:<8} {str(opt):<7} {g}",
-                  flush=True)
+            rows.append(r := measure(family, graph, name, time_limit))
+            g = "" if r["gap"] is None else f"{r['gap']:.3g}"
+            print(f"{family:<22} {r['nodes']:>8} {name:<7} {r['seconds']:>8.2f} {r['cost']:>12.6e} "
+                  f"{r['result_by']:<8} {str(r['optimal']):<7} {g}", flush=True)
     return rows
 
 
