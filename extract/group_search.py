@@ -10,6 +10,7 @@ needed (tree-cost choices), and keep the move when the DAG cost drops.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -27,30 +28,42 @@ class GroupMove:
 def tree_choice(graph: ExtractionGraph) -> tuple[list[float], dict[int, int]]:
     """Per-class tree cost and its node: an acyclic fallback choice for any class.
 
-    Bottom-up fixpoint over strictly improving costs; with positive costs the
-    chosen nodes never form a cycle (each is costlier than its children).
+    Knuth's generalization of Dijkstra: a class is final when popped from the
+    heap; a node becomes available once all its child classes are final. Each
+    chosen node's children were final before it, so the choice is acyclic.
+    O(E log V), where a naive fixpoint re-propagates every small improvement.
     """
     n = len(graph.classes)
     best = [math.inf] * n
     pick: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
+    waiting: list[list[int]] = []  # per (class, node): unresolved distinct children
+    parents: dict[int, list[tuple[int, int]]] = {}
+    heap: list[tuple[float, int, int]] = []
     for c, nodes in enumerate(graph.classes):
-        for node in nodes:
-            for child in node.children:
-                users.setdefault(child, []).append(c)
-    work = list(range(n))
-    queued = set(work)
-    while work:
-        c = work.pop()
-        queued.discard(c)
-        for k, node in enumerate(graph.classes[c]):
-            value = node.cost + sum(best[ch] for ch in node.children)
-            if value < best[c] * (1 - 1e-12) and value < best[c]:
-                best[c], pick[c] = value, k
-                for user in users.get(c, ()):
-                    if user not in queued:
-                        queued.add(user)
-                        work.append(user)
+        for k, node in enumerate(nodes):
+            children = set(node.children)
+            if not children:
+                if node.cost < math.inf:
+                    heapq.heappush(heap, (node.cost, c, k))
+                continue
+            for child in children:
+                parents.setdefault(child, []).append((c, k))
+            waiting.append([c, k, len(children)])
+    remaining = {(w[0], w[1]): w for w in waiting}
+    final = [False] * n
+    while heap:
+        value, c, k = heapq.heappop(heap)
+        if final[c]:
+            continue
+        final[c], best[c], pick[c] = True, value, k
+        for parent, pk in parents.get(c, ()):
+            entry = remaining[(parent, pk)]
+            entry[2] -= 1
+            if entry[2] == 0 and not final[parent]:
+                node = graph.classes[parent][pk]
+                total = node.cost + sum(best[ch] for ch in set(node.children))
+                if total < math.inf:
+                    heapq.heappush(heap, (total, parent, pk))
     return best, pick
 
 
