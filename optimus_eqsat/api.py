@@ -102,6 +102,10 @@ def _op_count(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
 
 
+def _has_fake_meta(gm: torch.fx.GraphModule) -> bool:
+    return any("val" in n.meta or "example_value" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
+
+
 def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
@@ -278,11 +282,12 @@ class OptimizationRun:
     def build(self) -> torch.fx.GraphModule:
         """The extracted program as a new GraphModule (no cost check)."""
         result = rebuild(self.translation, self.egraph, self.extraction.choice)
-        if self.example_inputs is None:
-            # Dynamo/export graphs: give new nodes fake-tensor meta like the rest. With
-            # example inputs the cost model runs them instead (and torch._dynamo, which
-            # fake tensors import, costs seconds to import the first time).
-            propagate_meta(result)
+        if self.example_inputs is None or _has_fake_meta(self.gm):
+            # Dynamo/export graphs: new nodes get fake-tensor meta like the rest (Inductor's
+            # own passes read it). A symbolic_trace graph with example inputs skips this:
+            # the cost model runs the inputs instead, and fake tensors import torch._dynamo
+            # (seconds, the first time).
+            propagate_meta(result, self.example_inputs)
         return result
 
     def group_moves(self) -> list[GroupMove]:

@@ -38,7 +38,18 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             return optimized
         from torch._inductor.compile_fx import compile_fx
 
-        return compile_fx(optimized, example_inputs)
+        if report is None or report.fell_back:
+            return compile_fx(gm, example_inputs)
+        try:
+            return compile_fx(optimized, example_inputs)
+        except Exception as exc:
+            # Inductor's own passes can trip on shapes they do not expect (seen: its
+            # attention-fusion pattern on a folded q/k/v permute). Never fail the user's
+            # compile for it: compile the graph Dynamo gave us instead.
+            log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s: %s); "
+                        "compiling the original", type(exc).__name__, str(exc).splitlines()[0][:200])
+            report.fell_back, report.fallback_reason = True, f"Inductor: {type(exc).__name__}: {exc}"[:500]
+            return compile_fx(gm, example_inputs)
 
     backend.reports = []  # type: ignore[attr-defined]
     return backend

@@ -265,4 +265,10 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
     except Exception:  # meta is an aid to cost models, never a reason to fail
         return False
+    if any("example_value" in n.meta for n in placeholders):
+        # Dynamo graphs keep shapes in "example_value", which Inductor's own
+        # pre-grad passes read: new nodes need it, copied nodes need it current.
+        for n in gm.graph.nodes:
+            if "val" in n.meta:
+                n.meta["example_value"] = n.meta["val"]
     return True

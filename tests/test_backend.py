@@ -38,3 +38,26 @@ def test_backend_compiles_through_inductor():
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="optimus_eqsat")
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_inductor_failure_on_the_optimized_graph_falls_back_to_the_original(monkeypatch, caplog):
+    import torch._inductor.compile_fx as cfx
+
+    calls = []
+
+    def flaky_compile_fx(gm, example_inputs):
+        calls.append(gm)
+        if len(calls) == 1:
+            raise RuntimeError("Inductor pattern failure")
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", flaky_compile_fx)
+    model = DemoRecModel(features=4).eval()
+    (x,) = model.example_inputs(batch=8)
+    backend = make_backend()
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger="optimus_eqsat"):
+        out = torch.compile(model, backend=backend)(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert len(calls) == 2 and "compiling the original" in caplog.text
+    assert backend.reports[-1].fell_back
