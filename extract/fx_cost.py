@@ -444,12 +444,16 @@ class _Groups:
         self.range: dict[fx.Node, Range | None] = {}
         self.has_range: dict[fx.Node, bool] = {}
         self.min_pos: dict[fx.Node, int] = {}
+        # Inputs from outside the group, kept per root so cycle checks cost the
+        # group's boundary, not its size (long fused chains were quadratic).
+        self.external: dict[fx.Node, set[fx.Node]] = {}
 
     def add(self, node: fx.Node, rng: Range | None) -> None:
         self.parent[node] = node
         self.members[node] = [node]
         self.range[node] = rng
         self.min_pos[node] = self.pos[node]
+        self.external[node] = set(_arg_nodes(node)) - {node}
 
     def find(self, node: fx.Node) -> fx.Node:
         root = node
@@ -468,6 +472,8 @@ class _Groups:
         self.parent[rb] = ra
         self.members[ra].extend(self.members.pop(rb))
         self.min_pos[ra] = min(self.min_pos[ra], self.min_pos.pop(rb))
+        joined = self.external[ra] | self.external.pop(rb)
+        self.external[ra] = {p for p in joined if p not in self.parent or self.find(p) is not ra}
         self.range[ra] = rng
         self.range.pop(rb, None)
         return ra
@@ -534,24 +540,24 @@ class _Fusion:
         True when a path leaves the union and comes back into it; searched
         upward from the union's external inputs, pruned below its first node.
         """
-        inside = {m for r in roots for m in self.groups.members[r]}
-        floor = min(self.pos[m] for m in inside)
-        stack = [p for m in inside for p in _arg_nodes(m) if p not in inside]
+        roots = set(roots)
+        groups = self.groups
+        floor = min(groups.min_pos[r] for r in roots)
+        stack = [p for r in roots for p in groups.external[r]
+                 if p not in groups.parent or groups.find(p) not in roots]
         seen: set[fx.Node] = set()
         while stack:
             node = stack.pop()
             if node in seen or self.pos[node] < floor:
                 continue
             seen.add(node)
-            if node in inside:
-                return True
-            if node in self.groups.parent:  # a whole group moves as one unit
-                members = self.groups.members[self.groups.find(node)]
-                if any(m in inside for m in members):
+            if node in groups.parent:  # a whole group moves as one unit
+                root = groups.find(node)
+                if root in roots:
                     return True
-                for m in members:
+                for m in groups.members[root]:
                     seen.add(m)
-                    stack.extend(_arg_nodes(m))
+                stack.extend(groups.external[root])
             else:
                 stack.extend(_arg_nodes(node))
         return False
