@@ -17,8 +17,11 @@ import egglog.bindings as eb
 from .extract.egraph import ENode, ExtractionGraph
 
 VALUE_SORTS = ("Tensor", "TList")
-# Helper constructors that rules rewrite away; never part of a program.
-NEVER_EXTRACTED = {"Id", "LId", "LAppend", "MapUnary"}
+# The constructors the rebuilder can write as FX. Anything else (Id/LId names,
+# helpers such as LAppend/MapUnary, constructors a user rule file declares) is
+# never part of a program.
+EMITTED = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat", "Unary", "Binary", "Scalar",
+           "Op1", "Op2", "Op3", "TCons", "TNil"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class ExportedEGraph:
     def extraction_graph(self, roots: list[int], cost: Callable[[int, TermNode], float]) -> ExtractionGraph:
         """The graph an extractor reads; ``cost(class, node)`` prices each node."""
         classes = [
-            [ENode(_label(n), n.children, math.inf if n.ctor in NEVER_EXTRACTED else cost(c, n)) for n in nodes]
+            [ENode(_label(n), n.children, cost(c, n) if n.ctor in EMITTED else math.inf) for n in nodes]
             for c, nodes in enumerate(self.classes)
         ]
         return ExtractionGraph(classes, roots)

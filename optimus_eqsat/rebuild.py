@@ -30,7 +30,9 @@ _VIEW_TARGETS = {torch.narrow, torch.reshape, torch.permute, "expand", operator.
 
 
 def _scalar(c: float) -> int | float:
-    return int(c) if float(c).is_integer() else c
+    """The Python scalar to write: whole numbers as ints (integral tensors keep their
+    dtype; float tensors compute the same), unless too large for int64."""
+    return int(c) if float(c).is_integer() and abs(c) < 2**62 else c
 
 
 class Rebuilder:

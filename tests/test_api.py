@@ -145,3 +145,21 @@ def test_large_chain_round_trips():
     assert not report.fell_back
     assert "cat" not in op_counts(optimized) and report.nodes_after < report.nodes_before / 2
     torch.testing.assert_close(optimized(x), gm(x))
+
+
+def test_large_scalar_constants_round_trip():
+    gm = torch.fx.symbolic_trace(lambda x: (x * 1e20 + 2.0) * 3)
+    x = torch.randn(3)
+    optimized = optimize_graph(gm, (x,), raise_on_error=True)
+    torch.testing.assert_close(optimized(x), gm(x))
+
+
+def test_constructors_of_a_user_rule_file_are_never_extracted(tmp_path):
+    rules = tmp_path / "helper.egg"
+    rules.write_text('(ruleset mine)\n(constructor Mine (Tensor) Tensor)\n'
+                     '(rewrite (Unary op x) (Mine x) :ruleset mine :name "mine-helper")\n')
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    x = torch.randn(4)
+    optimized = optimize_graph(gm, (x,), rule_files=[str(rules)], raise_on_error=True)
+    assert optimized.meta["optimus_eqsat"].rules_fired.get("mine-helper")
+    torch.testing.assert_close(optimized(x), gm(x))

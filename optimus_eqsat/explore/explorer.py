@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from .. import api
 from ..api import OptimizationRun, OptimizeOptions
-from ..egraph_export import NEVER_EXTRACTED, TermNode
+from ..egraph_export import EMITTED, TermNode
 from ..extract.egraph import ExtractionError, dag_cost
 from ..extract.fx_cost import predict_kernels
 from ..rebuild import propagate_meta, rebuild
@@ -293,7 +293,7 @@ class Explorer:
                 "original": self._original_text(i, c),
                 "chosen": self._text(c, choice) if k is not None else "(absorbed)",
                 "changed": changed,
-                "alternatives": sum(1 for m in self.egraph.classes[c] if m.ctor not in NEVER_EXTRACTED),
+                "alternatives": sum(1 for m in self.egraph.classes[c] if m.ctor in EMITTED),
                 "candidate_rules": ", ".join(self._candidates(c, node, k)[:4]) if node is not None and changed else "",
             })
         cols = ["node", "eclass", "original", "chosen", "changed", "alternatives", "candidate_rules"]
@@ -306,7 +306,7 @@ class Explorer:
         registry = self.run.translation.registry.signatures
         rows = []
         for k, n in enumerate(self.egraph.classes[c]):
-            price = math.inf if n.ctor in NEVER_EXTRACTED else self.run.cost(c, n)
+            price = self.run.cost(c, n) if n.ctor in EMITTED else math.inf
             row = {
                 "node": k, "enode": node_text(n), "ctor": n.ctor, "cost_us": price * 1e6,
                 "chosen_default": self.default.choice.get(c) == k,
@@ -315,10 +315,10 @@ class Explorer:
                 "steering": self.steering.state(c, k),
                 "op": registry.get(n.args[0], "") if n.ctor in _OP_CTORS else "",
                 "built_by": ("(loaded from FX)" if (c, k) in self.originals else
-                             ", ".join(self._candidates(c, n, k)[:4]) if n.ctor not in NEVER_EXTRACTED else ""),
+                             ", ".join(self._candidates(c, n, k)[:4]) if n.ctor in EMITTED else ""),
             }
             if steered is not None:
-                row["steered_cost_us"] = (math.inf if n.ctor in NEVER_EXTRACTED else steered(c, n)) * 1e6
+                row["steered_cost_us"] = (steered(c, n) if n.ctor in EMITTED else math.inf) * 1e6
             rows.append(row)
         return pd.DataFrame(rows).set_index("node")
 
@@ -329,7 +329,7 @@ class Explorer:
             c = self.egraph.class_of_id.get(i)
             if c is None or n.op not in ("call_function", "call_method", "call_module"):
                 continue
-            ctors = [m.ctor for m in self.egraph.classes[c] if m.ctor not in NEVER_EXTRACTED]
+            ctors = [m.ctor for m in self.egraph.classes[c] if m.ctor in EMITTED]
             rows.append({"node": n.name, "eclass": c, "alternatives": len(ctors),
                          "constructors": ", ".join(sorted(set(ctors))), "in_program": c in self.choice})
         frame = pd.DataFrame(rows, columns=["node", "eclass", "alternatives", "constructors", "in_program"])
@@ -520,7 +520,7 @@ class Replacement:
         self.name, self.eclass, self.original = name, eclass, original
         self.chosen_node, self.chosen, self.changed = chosen_node, chosen, changed
         self.candidate_rules = candidate_rules
-        self.alternatives = sum(1 for n in explorer.egraph.classes[eclass] if n.ctor not in NEVER_EXTRACTED)
+        self.alternatives = sum(1 for n in explorer.egraph.classes[eclass] if n.ctor in EMITTED)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("name", "eclass", "original", "chosen_node", "chosen", "changed",
