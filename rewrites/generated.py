@@ -141,8 +141,7 @@ def slice_cat_member_rules() -> str:
     rules = []
     for ctor, form in NON_SLICE_FORMS.items():
         rules.append(
-            f"(rule ((= t (Slice c d a b)) (catpos c l o) (= l (TCons h r)) (= h {form}) (= d (ldim l))"
-            f" (= n (vec-get (shape h) d)) (<= o a) (<= b (+ o n)))"
-            f" ((union t (Slice h d (- a o) (- b o)))) :ruleset splitcat :name \"slice-cat-member-{ctor}\")"
+            f"(rule ((memberpiece t h d a b) (= h {form})) ((union t (Slice h d a b)))"
+            f" :ruleset splitcat :name \"slice-cat-member-{ctor}\")"
         )
     return "\n".join(rules)
