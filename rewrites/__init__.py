@@ -66,6 +66,7 @@ def builtin_rulesets() -> dict[str, RuleSet]:
             generated.cat_run_rules(),
             generated.slice_as_select_rules(),
             generated.slice_cat_member_rules(),
+            generated.reshape_trailing_rules(),
         ),
     ]
     for optional in ("algebraic",):

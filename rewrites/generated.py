@@ -145,3 +145,24 @@ def slice_cat_member_rules() -> str:
             f" :ruleset splitcat :name \"slice-cat-member-{ctor}\")"
         )
     return "\n".join(rules)
+
+
+def reshape_trailing_rules() -> str:
+    """A reshape of a piece that keeps the dims up to the cut regroups only trailing dims:
+    reshape(x[.., a:b, ..], s) == reshape(x, s with x's size at the cut)[.., a:b, ..].
+
+    Subsumes move_reshape_out_of_split_stack (13): pieces reshaped before a stack
+    become pieces of one reshaped tensor, which the cat rules then merge. Valid
+    because the reshape is: equal leading dims make the trailing sizes' products equal.
+    """
+    rules = []
+    for d in range(MAX_RANK - 1):
+        for r in range(d + 1, MAX_RANK + 1):
+            lead = " ".join(f"(= (vec-get s {j}) (vec-get sx {j}))" for j in range(d))
+            rules.append(
+                f"(rule ((= t (Reshape (Slice x {d} a b) s)) (= (vec-length s) {r}) (= sx (shape x))"
+                f" (< {d} (vec-length sx)) {lead} (= (vec-get s {d}) (- b a)))"
+                f" ((union t (Slice (Reshape x (vec-set s {d} (vec-get sx {d}))) {d} a b)))"
+                f" :ruleset splitcat :name \"reshape-trailing-r{r}-{d}\")"
+            )
+    return "\n".join(rules)

@@ -91,6 +91,11 @@ def p11_split_stack_other_dim(x):
     return torch.stack(torch.split(x, 4, dim=1), dim=0).relu()
 
 
+def p13_split_reshape_stack(x):
+    s = torch.split(x, 4, dim=1)
+    return torch.stack([s[i].reshape(3, 2, 2) for i in range(3)], dim=1).relu()
+
+
 def p15_pointwise_then_cat(x):
     s = torch.split(x, 4, dim=1)
     return torch.cat([torch.relu(s[i]) for i in range(3)], dim=1)
@@ -135,6 +140,7 @@ ROWS = [
     (p10_unbind_cat, [(3, 12)], no_split_or_cat),
     (p11_split_stack, [(3, 12)], no_split_or_cat),
     (p11_split_stack_other_dim, [(3, 12)], no_split_or_cat),
+    (p13_split_reshape_stack, [(3, 12)], no_split_or_cat),
     (p15_pointwise_then_cat, [(3, 12)], lambda c: no_split_or_cat(c) and c["relu"] == 1),
     (p15_cat_then_pointwise, [(3, 4), (3, 5)], lambda c: c["cat"] == 1 and c["relu"] == 1),
     (p18_select_cat, [(3, 12)], no_split_or_cat),
