@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 

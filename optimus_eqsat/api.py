@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 

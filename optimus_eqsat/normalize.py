@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .terms import vec
-from .opspec import GATHER, MATMUL, OTHER, POINTWISE, REDUCTION, OpSpec, Slot
+from .opspec import GATHER, MATMUL, POINTWISE, REDUCTION
 
 
 class Unsupported(Exception):

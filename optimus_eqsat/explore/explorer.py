@@ -32,7 +32,7 @@ from ..rewrites import shape_rules
 from . import history as hist
 from .display import Code, Picture, SideBySide, esc, html_table
 from .egraph_view import neighbourhood_picture, parents_index
-from .fx_view import fx_picture, kernels_html
+from .fx_view import fx_picture
 from .rules import RuleInfo, catalogue, without_rules
 from .steering import Steering
 from .terms import TermIndex, class_names, expression, node_text
