@@ -71,6 +71,11 @@ class Translation:
     def index(self) -> dict[torch.fx.Node, int]:
         return {n: i for i, n in enumerate(self.nodes)}
 
+    def new_list_id(self) -> int:
+        """A fresh LId name for a long list's tail."""
+        self.list_ids += 1
+        return self.list_ids
+
 
 def _value_shape(value: Any) -> tuple[int, ...] | None:
     shape = getattr(value, "shape", None)
@@ -225,11 +230,7 @@ class Translator:
         return self.split_pieces.get(self.ids[value]) if isinstance(value, torch.fx.Node) else None
 
     def cons(self, items: list[str], dim: int) -> str:
-        return cons_list(items, dim, self.t.facts.append, self._new_list_id)
-
-    def _new_list_id(self) -> int:
-        self.t.list_ids += 1
-        return self.t.list_ids
+        return cons_list(items, dim, self.t.facts.append, self.t.new_list_id)
 
     def named(self, key: str, target: Any, n_operands: int, kind: str) -> str:
         spec = OpSpec("call_function", target, tuple(Slot(i) for i in range(n_operands)), (), kind)

@@ -115,10 +115,6 @@ class BatchBuilder:
             self.facts.append(f"(set (shape (Id {i})) {vec(shape)})")
         return f"(Id {i})"
 
-    def _new_list_id(self) -> int:
-        self.t.list_ids += 1
-        return self.t.list_ids
-
     def stack(self, ids: list[int], rank: int) -> tuple[str, tuple[int, ...]]:
         """torch.stack of the operands at dim 0, each first padded on the left to ``rank``."""
         items, shape = [], None
@@ -127,7 +123,7 @@ class BatchBuilder:
             padded = (1,) * (rank - len(s)) + s
             items.append(f"(Reshape (Id {i}) {vec((1,) + padded)})")
             shape = padded
-        return self.new(f"(Cat {cons_list(items, 0, self.facts.append, self._new_list_id)})"), (len(ids),) + shape
+        return self.new(f"(Cat {cons_list(items, 0, self.facts.append, self.t.new_list_id)})"), (len(ids),) + shape
 
     def unstack(self, batched: str, members: list[int]) -> None:
         self.outputs.append(int(_ID.match(batched).group(1)))
@@ -233,11 +229,11 @@ def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
     x = c0.operands[0]
     widths = [t.shapes[c.operands[1]][0] for c in group]
     weights = [f"(Id {c.operands[1]})" for c in group]
-    w = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, b._new_list_id)})")
+    w = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, b.t.new_list_id)})")
     out_shape = t.shapes[x][:-1] + (sum(widths),)
     if c0.key == "linear_b":
         biases = [f"(Id {c.operands[2]})" for c in group]
-        bias = b.new(f"(Cat {cons_list(biases, 0, b.facts.append, b._new_list_id)})")
+        bias = b.new(f"(Cat {cons_list(biases, 0, b.facts.append, b.t.new_list_id)})")
         y = b.new(f"(Op3 \"{c0.key}\" (Id {x}) {w} {bias})", out_shape)
     else:
         y = b.new(f"(Op2 \"{c0.key}\" (Id {x}) {w})", out_shape)
