@@ -1,7 +1,9 @@
 """The saturation driver: load the language, rule sets and facts; run under limits.
 
-The schedule is one place: every iteration runs each rewrite family once, then
-the shape analysis to saturation (rules that need a shape wait for it). It
+The schedule is one place. Before the loop, the ``<family>_once`` rulesets run
+once. Every iteration then runs each rewrite family once, and the analyses
+(shapes, ``<family>_analysis`` walks such as the cat-run tracker) to
+saturation before and after, so rules that need a shape or a walk see it. It
 stops when nothing changes (saturated) or at the first exhausted limit, and
 says which in :class:`StopReason`.
 """
@@ -26,7 +28,6 @@ from .rewrites import RuleSet, shape_rules
 # command per call pays Python overhead. 20 was the fastest measured here.
 FACT_BATCH = 20
 
-# Constructors that are not tensor values (helpers rewritten away) count as e-nodes too.
 LANGUAGE = resources.files("optimus_eqsat").joinpath("language.egg").read_text()
 
 
@@ -49,7 +50,9 @@ MIN_ENODE_LIMIT = 200_000
 class Limits:
     """Saturation limits. Defaults keep a 10,000-node graph within a few seconds."""
 
-    max_iterations: int = 12  # split/cat chains need ~1 iteration per list element merged pairwise in parallel; 12 covers deep tangles
+    # Per phase (before and after batching). The zoo's tangles are settled within
+    # ~9; more iterations mostly add equal-cost view variants for the extractor.
+    max_iterations: int = 12
     max_enodes: int | None = None  # None: ENODES_PER_FX_NODE per FX node, at least MIN_ENODE_LIMIT
     time_limit_s: float = 20.0
 
