@@ -45,6 +45,8 @@ class OptimizeOptions:
         never_worse: return the original when the cost model predicts the result slower.
         refine_batches: re-extract without each kind of batch and keep the variant the
             fusion-aware cost model (fx_cost) predicts fastest.
+        record_eclasses: count e-classes after every iteration into the saturation
+            history (costs a freeze of the e-graph each time; the explorer turns it on).
     """
 
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
@@ -58,6 +60,7 @@ class OptimizeOptions:
     raise_on_error: bool = False
     never_worse: bool = True
     refine_batches: bool = True
+    record_eclasses: bool = False
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> "OptimizeOptions":
@@ -240,7 +243,7 @@ class OptimizationRun:
             self.session = EGraphSession(rulesets)
             self.session.load(t.facts, fx_nodes=len(t.nodes))
         with _phase(report, "saturate"):
-            self.saturation = sat = self.session.saturate(opts.limits)
+            self.saturation = sat = self.session.saturate(opts.limits, record_eclasses=opts.record_eclasses)
         if "batching" in opts.rulesets:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.
@@ -250,7 +253,8 @@ class OptimizationRun:
                 self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
             if self.batches.facts:
                 with _phase(report, "saturate"):
-                    sat = self.saturation = self.session.saturate(opts.limits, previous=sat)
+                    sat = self.saturation = self.session.saturate(opts.limits, previous=sat,
+                                                                  record_eclasses=opts.record_eclasses)
         report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
         report.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
         report.history = sat.history

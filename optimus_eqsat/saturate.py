@@ -109,7 +109,14 @@ class EGraphSession:
             egglog_log.setLevel(level)
         return sum(n for name, n in sizes.sizes if name[:1].isupper())
 
-    def saturate(self, limits: Limits, previous: SaturationReport | None = None) -> SaturationReport:
+    def eclass_count(self) -> int:
+        """E-classes of tensors and lists (freezes the e-graph: for exploration, not hot paths)."""
+        frozen = self.egraph.freeze()
+        return len({row.output for function in frozen.functions.values()
+                    if function.output_sort in ("Tensor", "TList") for row in function.rows})
+
+    def saturate(self, limits: Limits, previous: SaturationReport | None = None,
+                 record_eclasses: bool = False) -> SaturationReport:
         """Run the schedule until saturated or a limit is hit.
 
         With ``previous``, continue its report: iterations, time and matches add
@@ -146,6 +153,8 @@ class EGraphSession:
                 {"iteration": report.iterations, "enodes": enodes, "seconds": time.perf_counter() - t0,
                  "matches": dict(matches)}
             )
+            if record_eclasses:
+                report.history[-1]["eclasses"] = self.eclass_count()
             if not run.updated:
                 report.stop_reason = StopReason.SATURATED
                 break

@@ -150,3 +150,15 @@ def test_rule_programs_are_read_and_cut() -> None:
     assert infos["a-c"].builds == {"C"} and infos["a-c"].merges
     cut = without_rules(rs, {"a-c"})
     assert [r.name for r in rules_of(cut)] == ["a-b"]
+
+
+def test_history_counts_eclasses_per_iteration():
+    from optimus_eqsat.explore import Explorer
+
+    def f(x):
+        s = torch.split(x, 2, dim=1)
+        return torch.cat([s[1], s[0], s[2]], dim=1).relu()
+
+    explorer = Explorer(torch.fx.symbolic_trace(f), (torch.randn(3, 6),))
+    history = explorer.history()
+    assert history["eclasses"].notna().all() and (history["eclasses"] > 0).all()

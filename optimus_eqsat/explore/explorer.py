@@ -97,7 +97,7 @@ class Explorer:
         if not isinstance(gm, fx.GraphModule):
             gm = fx.symbolic_trace(gm)
         self.gm, self.example_inputs = gm, example_inputs
-        self.options = OptimizeOptions.from_kwargs(**optimize_options)
+        self.options = OptimizeOptions.from_kwargs(**{"record_eclasses": True, **optimize_options})
         self.steering = Steering()
         self.banned: set[str] = set()
         self._saturate()
