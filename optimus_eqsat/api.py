@@ -327,7 +327,11 @@ class OptimizationRun:
         """Drop batch kinds that the fusion model says do not pay (e-node costs are additive,
         Inductor's fusion is not). Tries each kind alone and all together, keeps the best."""
         opts, report = self.options, self.report
-        kinds = sorted(k for k, ids in (self.batches.outputs if self.batches else {}).items() if ids)
+        chosen = self.extraction.choice
+        class_of = self.egraph.class_of_id
+        # Only kinds the extraction actually uses: dropping an unused one changes nothing.
+        kinds = sorted(k for k, ids in (self.batches.outputs if self.batches else {}).items()
+                       if any(class_of.get(i) in chosen for i in ids))
         if not kinds:
             return result, launches, seconds
         best = (seconds, launches, result, ())
