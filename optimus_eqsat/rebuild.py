@@ -66,7 +66,7 @@ class Rebuilder:
         original_aliases = self._original_input_aliases()
 
         def out_value(a: torch.fx.Node) -> torch.fx.Node:
-            new = self._value(self._task_for_original(self.t.index[a]))
+            new = self._original_arg(a)
             if new in self.aliases_input and a not in original_aliases:
                 new = self.graph.call_method("clone", (new,))  # never return an input where a fresh tensor was
             return new
@@ -97,6 +97,15 @@ class Rebuilder:
     # ---------------------------------------------------------------- tasks
     # A task is ("class", c): emit the chosen node of class c; or ("orig", i):
     # copy original node i verbatim. Post-order with an explicit stack.
+
+    def _original_arg(self, a: torch.fx.Node) -> torch.fx.Node:
+        """The emitted value of original node ``a`` (already emitted: a dependency)."""
+        return self._value(self._task_for_original(self.t.index[a]))
+
+    def _copy_original(self, i: int) -> torch.fx.Node:
+        """Original node i copied verbatim, its arguments mapped to emitted values."""
+        self.of_original[i] = self.graph.node_copy(self.t.nodes[i], self._original_arg)
+        return self.of_original[i]
 
     def _task_for_original(self, i: int) -> tuple[str, int]:
         if self.t.status.get(i) in ("term", "leaf"):
@@ -168,9 +177,7 @@ class Rebuilder:
     def _emit(self, task: tuple[str, int]) -> None:
         kind, key = task
         if kind == "orig":
-            original = self.t.nodes[key]
-            new = self.graph.node_copy(original, lambda a: self._value(self._task_for_original(self.t.index[a])))
-            self.of_original[key] = new
+            self._copy_original(key)
             return
         new = self._emit_term(self._chosen(key))
         if new.op not in ("placeholder",) and key in self.name_of_class and not new.meta:
@@ -189,11 +196,8 @@ class Rebuilder:
                 new = g.get_attr(self.t.param_leaves[i])
                 self.aliases_input.add(new)
                 return new
-            if i not in self.of_original:
-                original = self.t.nodes[i]
-                self.of_original[i] = g.node_copy(original, lambda a: self._value(self._task_for_original(self.t.index[a])))
-                if original.op == "get_attr":
-                    self.aliases_input.add(self.of_original[i])
+            if i not in self.of_original and self._copy_original(i).op == "get_attr":
+                self.aliases_input.add(self.of_original[i])
             return self.of_original[i]
         if ctor == "Slice":
             x, d, a, b = args

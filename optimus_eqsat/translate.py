@@ -14,6 +14,7 @@ and unknown ops are ordered too, so side effects keep their order.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import operator
@@ -67,8 +68,9 @@ class Translation:
     list_ids: int = 0  # LId names handed out for long lists
     next_id: int = 0  # first id free for terms added after translation (batching)
 
-    @property
+    @functools.cached_property
     def index(self) -> dict[torch.fx.Node, int]:
+        """FX node -> id; built once, after translation (which adds parameter leaves)."""
         return {n: i for i, n in enumerate(self.nodes)}
 
     def new_list_id(self) -> int:
