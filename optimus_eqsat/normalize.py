@@ -127,9 +127,6 @@ def _dim(d: Any, rank: int) -> int:
     return d % rank if rank else 0
 
 
-_vec = vec
-
-
 # ---------------------------------------------------------------- structural handlers
 
 
@@ -138,7 +135,7 @@ def _slice(x: str, dim: int, start: int, end: int) -> str:
 
 
 def _reshape(x: str, shape: tuple[int, ...]) -> str:
-    return f"(Reshape {x} {_vec(shape)})"
+    return f"(Reshape {x} {vec(shape)})"
 
 
 def _split_pieces(ctx: Context, x: Any, sizes: list[int], dim: int) -> list[str]:
@@ -306,7 +303,7 @@ def h_reshape(ctx: Context, a: dict[str, Any]) -> str:
 
 
 def h_expand(ctx: Context, a: dict[str, Any]) -> str:
-    return f"(Expand {ctx.ref(ctx.node.args[0])} {_vec(ctx.out_shape())})"
+    return f"(Expand {ctx.ref(ctx.node.args[0])} {vec(ctx.out_shape())})"
 
 
 def h_permute(ctx: Context, a: dict[str, Any]) -> str:
@@ -315,7 +312,7 @@ def h_permute(ctx: Context, a: dict[str, Any]) -> str:
     perm = tuple(_dim(d, rank) for d in _varargs_sizes(ctx.node))
     if sorted(perm) != list(range(rank)):
         raise Unsupported("bad permutation")
-    return f"(Permute {ctx.ref(x)} {_vec(perm)})"
+    return f"(Permute {ctx.ref(x)} {vec(perm)})"
 
 
 def h_transpose(ctx: Context, a: dict[str, Any]) -> str:
@@ -323,7 +320,7 @@ def h_transpose(ctx: Context, a: dict[str, Any]) -> str:
     perm = list(range(rank))
     d0, d1 = _dim(a["dim0"], rank), _dim(a["dim1"], rank)
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return f"(Permute {ctx.ref(a['input'])} {_vec(perm)})"
+    return f"(Permute {ctx.ref(a['input'])} {vec(perm)})"
 
 
 def h_t(ctx: Context, a: dict[str, Any]) -> str:
@@ -344,7 +341,7 @@ def h_movedim(ctx: Context, a: dict[str, Any]) -> str:
         perm[d] = s
     rest = iter(d for d in range(rank) if d not in src)
     perm = [p if p >= 0 else next(rest) for p in perm]
-    return f"(Permute {ctx.ref(a['input'])} {_vec(perm)})"
+    return f"(Permute {ctx.ref(a['input'])} {vec(perm)})"
 
 
 def h_identity(ctx: Context, a: dict[str, Any]) -> str:

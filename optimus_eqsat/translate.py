@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from . import normalize
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind, canonical_name
 from .opspec import OpRegistry, OpSpec, Slot
-from .terms import cons_list
+from .terms import cons_list, vec
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class Translator:
         # Every known shape is loaded, also those the shape rules could derive: derived
         # along a chain they take one saturation step per node (quadratic on deep graphs).
         if i in self.t.shapes:
-            self.t.facts.append(f"(set (shape (Id {i})) {normalize._vec(self.t.shapes[i])})")
+            self.t.facts.append(f"(set (shape (Id {i})) {vec(self.t.shapes[i])})")
 
     def _leaf(self, i: int) -> None:
         self.t.status[i] = "leaf"
@@ -359,7 +359,7 @@ class Translator:
         if name == "dropout":
             raise Impure("dropout module in training mode")
         if name == "flatten":
-            return f"(Reshape {self.ref(x)} {normalize._vec(self.out_shape())})"
+            return f"(Reshape {self.ref(x)} {vec(self.out_shape())})"
         params = [self._param_leaf(f"{node.target}.{p}", getattr(module, p)) for p in param_names]
         if name == "linear":
             return normalize.h_linear(self, {"input": x, "weight": params[0], "bias": params[1]})
