@@ -152,8 +152,15 @@ def calibrate_case(name: str, model: Callable, inputs: Sequence[Any]) -> Calibra
 
 
 def calibrate(cases: Iterable[Case]) -> list[CalibrationRow]:
-    """One :class:`CalibrationRow` per (name, model, inputs) case."""
-    return [calibrate_case(name, model, inputs) for name, model, inputs in cases]
+    """One :class:`CalibrationRow` per (name, model, inputs) case; a case that
+    fails (e.g. Inductor cannot compile it) is reported and skipped."""
+    rows = []
+    for name, model, inputs in cases:
+        try:
+            rows.append(calibrate_case(name, model, inputs))
+        except Exception as exc:
+            print(f"{name}: FAILED ({type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]})")
+    return rows
 
 
 def format_table(rows: Sequence[CalibrationRow]) -> str:
@@ -194,12 +201,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--zoo", action="store_true", help="calibrate on the benchmark zoo, original and optimized")
     parser.add_argument("--models", default="", help="comma-separated zoo models (with --zoo)")
+    parser.add_argument("--out", default="", help="also write the table to this file (e.g. benchmarks/results/calibration_zoo.md)")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     rows = calibrate(zoo_cases(args.batch, names) if args.zoo else default_cases(args.batch))
-    print(format_table(rows))
-    worst = max(abs(r.ratio - 1.0) for r in rows)
+    table = format_table(rows)
+    print(table)
+    worst = max((abs(r.ratio - 1.0) for r in rows), default=0.0)
     print(f"worst relative error: {worst:.0%}")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + f"\n\nworst relative error: {worst:.0%}\n")
     return 0
 
 

@@ -15,13 +15,33 @@ Fusion rules modelled (a simplification of Inductor's scheduler)
    group of each fusible producer (union-find), if the iteration ranges are
    compatible and the merge keeps the group graph acyclic (no path that leaves
    the group and comes back).
-3. Horizontal fusion: fusible groups reading the same buffer are merged under
-   the same two conditions (Inductor only fuses nodes that share data).
+3. Horizontal fusion: fusible groups reading the same data are merged under
+   the same two conditions (Inductor only fuses nodes that share data). "Same
+   data" is Inductor's shared MemoryDep (buffer and index): a whole buffer or
+   one and the same subset view; two different slices of one buffer do not
+   share data. Approximation: subsets of a graph input (placeholder) still
+   count as shared; this stands in for Inductor's locality reordering, which
+   lines up e.g. layer norms on slices of one input ahead of the extern calls.
 4. MATMUL (mm/addmm/bmm/linear/conv) and OPAQUE ops are extern calls: one
    launch each, never fused. A linear with bias is one ``addmm`` (bias fused).
-5. CAT: fuses like a pointwise op; a CAT-only group whose inputs are all
-   produced by generated kernels is free (producers write into the output
-   slices, Inductor's ConcatKernel); otherwise it is one copy kernel.
+5. CAT ("triton"): fuses like a pointwise op; a CAT-only group whose inputs
+   are all produced by generated kernels is free (producers write into the
+   output slices, Inductor's ConcatKernel); otherwise it is one copy kernel.
+   CAT ("cpp"): Inductor's CPU lowering always builds a ConcatKernel
+   (``lowering.cat``: pointwise cat is off on CPU), so a cat never fuses
+   with its producers or consumers. It is free when every input is a whole
+   view (view/reshape/unsqueeze/...) of a generated, non-cat buffer not
+   already written into an earlier cat; otherwise it is one copy node, which
+   joins readers of the same data horizontally (rule 3).
+6. Small matmuls that Inductor decomposes into generated code (see
+   ``_DECOMPOSED_MM``): bmm with M == 1 or N == 1 on CPU (``tuned_bmm``
+   "decompose to small ops when memory bound"); dot-shaped bmm (M == N == 1,
+   K <= 32, float dtypes assumed) on GPU; addmm/mm per
+   ``torch/_inductor/decomposition.py``.
+7. Placement ("cpp"): lowering keeps a pointwise result unrealized (inlined
+   into its readers) until a reader needs a buffer, so a generated group is
+   scheduled at its first reader outside the group (views looked through; an
+   extern call, a cat, the graph output), not where its first node is.
 
 Range compatibility depends on ``profile.codegen``:
 
@@ -30,11 +50,16 @@ Range compatibility depends on ``profile.codegen``:
   two reductions only if their ranges are equal. Each group is one kernel.
 - "cpp" (CPU): C++ kernels can hold several loop nests, so ranges always fit;
   moreover the C++ backend appends every generated group to one kernel until
-  an extern call flushes it, so consecutive groups in schedule order (groups
-  sorted by first node, then a depth-first topological sort, as Inductor's
+  an extern call flushes it, so consecutive groups in schedule order (extern
+  calls at their node, generated groups where they are realized (rule 7),
+  then a depth-first topological sort, as Inductor's
   ``topological_sort_schedule``) form one kernel.
 
-Approximations: Inductor's memory-driven reordering, ``max_fusion_size``,
+Approximations: Inductor's memory-driven reordering
+(``reorder_for_peak_memory``, which for example moves an expert's last relu
+up next to its addmm so that it splits the run of extern calls: the model
+then predicts a few kernels too few on MMoE/PLE-style expert stacks) and
+post-grad ``reorder_for_locality``, ``max_fusion_size``,
 pointwise-cat input limits, realization heuristics, epilogue/template fusion
 (max-autotune) and the C++ backend's argument-count flush are not modelled;
 shapes that are unknown are treated as compatible (optimistic fusion).
@@ -167,6 +192,16 @@ OP_KINDS: dict[str, KernelKind] = {
     **{n: K.VIEW for n in VIEW_OPS},
     **{n: K.NONE for n in NONE_OPS},
 }
+
+# Grouped linear (optimus_eqsat::grouped_linear, or the Python helper of that
+# name): N linears in one extern call. On "triton" profiles one launch (the
+# Triton grouped GEMM); on "cpp" the op runs one F.linear per member, so it is
+# predicted as N matmul kernels. See _grouped_linear_kernels.
+GROUPED_OPS = frozenset({"grouped_linear"})
+OP_KINDS.update({n: K.MATMUL for n in GROUPED_OPS})
+GROUPED_HOST_S_PER_MEMBER = 2e-7  # host time per member: one row of the kernel's pointer table
+# Batched embedding's index shift (rewrites/batching.py, shift_segments): elementwise.
+OP_KINDS["shift_segments"] = K.POINTWISE
 
 # call_module targets: the first class in the module's MRO found here wins.
 MODULE_KINDS: dict[type, KernelKind] = {
@@ -337,13 +372,19 @@ def _infos_of(value: Any) -> list[TensorInfo] | None:
     return []  # int, float, SymInt, bool: known and not a tensor
 
 
+# meta key under which optimus_eqsat's rebuild leaves a TensorInfo known from the
+# e-graph's shape analysis: cheap shapes for candidate programs, no fake tensors.
+SHAPE_META = "optimus_eqsat_shape"
+
+
 def node_tensor_infos(node: fx.Node) -> list[TensorInfo] | None:
     """Tensors a node produces, from ``meta["val"]`` / ``["example_value"]`` /
-    ``["tensor_meta"]``; None when no meta is present."""
+    ``["tensor_meta"]`` / ``[SHAPE_META]``; None when no meta is present."""
     for key in ("val", "example_value", "tensor_meta"):
         if key in node.meta and node.meta[key] is not None:
             return _infos_of(node.meta[key])
-    return None
+    known = node.meta.get(SHAPE_META)  # set by the optimizer's rebuild from e-graph shapes
+    return [known] if known is not None else None
 
 
 def _shape_prop_infos(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[str, list[TensorInfo] | None]:
@@ -407,10 +448,14 @@ def _mm_form(gm: fx.GraphModule, node: fx.Node, infos) -> tuple[str, int, int, i
 _DECOMPOSED_MM: dict[tuple[str, str], Callable[[int, int, int], bool]] = {
     ("mm", "triton"): lambda m, k, n: k == 1 and m != 1 and n != 1,
     ("addmm", "triton"): lambda m, k, n: k == 1 and m != 1 and n != 1,
-    ("bmm", "triton"): lambda m, k, n: k == 1,
+    # kernel/bmm.py tuned_bmm: dot-shaped bmm (M == N == 1, K <= 32) stays
+    # generated code on GPUs (float dtypes; the dtype is not checked here).
+    ("bmm", "triton"): lambda m, k, n: k == 1 or (m == 1 and n == 1 and k <= 32),
     ("mm", "cpp"): lambda m, k, n: (m == 1 and n == 1) or (k == 1 and m != 1 and n != 1 and m + n <= 32),
     ("addmm", "cpp"): lambda m, k, n: m == 1 and (n == 1 or (k <= 16 and n <= 16)),
-    ("bmm", "cpp"): lambda m, k, n: k == 1 or (m == 1 and n == 1),
+    # kernel/bmm.py tuned_bmm on CPU: "decompose to small ops when memory
+    # bound" whenever M == 1 or N == 1, whatever K.
+    ("bmm", "cpp"): lambda m, k, n: k == 1 or m == 1 or n == 1,
 }
 
 
@@ -498,7 +543,7 @@ class _Fusion:
                  infos: dict[fx.Node, list[TensorInfo] | None], codegen: str):
         self.nodes = list(gm.graph.nodes)
         self.pos = {n: i for i, n in enumerate(self.nodes)}
-        self.kinds, self.infos, self.codegen = kinds, infos, codegen
+        self.gm, self.kinds, self.infos, self.codegen = gm, kinds, infos, codegen
         self.base: dict[fx.Node, fx.Node] = {}
         self.groups = _Groups(self.pos)
 
@@ -510,6 +555,18 @@ class _Fusion:
                 src = node.all_input_nodes[0]
             is_view = self.kinds[node] is K.VIEW and src is not None
             self.base[node] = self.base[src] if is_view else node
+
+    def _read_key(self, inp: fx.Node) -> fx.Node:
+        """What reading ``inp`` touches: its base buffer when ``inp`` is (a whole
+        view of) it, else the subset view itself (a slice, select, ...)."""
+        if self.base[inp].op == "placeholder":
+            return self.base[inp]  # approximation, see the module docstring (rule 3)
+        node = inp
+        while node is not self.base[inp]:
+            if _target_name(node.target) not in _WHOLE_VIEW_OPS and node.op != "call_module":
+                return inp
+            node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else node.all_input_nodes[0]
+        return node
 
     def producers(self, node: fx.Node) -> list[fx.Node]:
         """Buffers ``node`` reads (views resolved), in argument order."""
@@ -577,19 +634,31 @@ class _Fusion:
         for node in self.nodes:
             if self.kinds[node] in FUSIBLE_KINDS:
                 self.groups.add(node, self._range(node))
+        # C++: a cat is always a ConcatKernel (lowering.py ``cat``: pointwise
+        # cat is off on CPU), so it never fuses with producers or consumers.
+        isolated = {n for n in self.groups.parent
+                    if self.codegen == "cpp" and self.kinds[n] is K.CAT}
         # Vertical: join each fusible producer's group.
+        for node in self.nodes:
+            if node not in self.groups.parent or node in isolated:
+                continue
+            for prod in self.producers(node):
+                if prod in self.groups.parent and prod not in isolated:
+                    self._try_merge(prod, node)
+        # Horizontal: consumers of one buffer that share the read.
+        # The read must be the same elements (Inductor's shared MemoryDep:
+        # buffer and index), so two different slices of one buffer do not count.
+        # A C++ cat copies the inputs it cannot realize in place; those copies
+        # share reads with the inputs' other readers (and fuse with them).
+        readers: dict[fx.Node, list[fx.Node]] = {}
         for node in self.nodes:
             if node not in self.groups.parent:
                 continue
-            for prod in self.producers(node):
-                if prod in self.groups.parent:
-                    self._try_merge(prod, node)
-        # Horizontal: consumers of one buffer that share the read.
-        readers: dict[fx.Node, list[fx.Node]] = {}
-        for node in self.nodes:
-            if node in self.groups.parent:
-                for buf in self.producers(node):
-                    readers.setdefault(buf, []).append(node)
+            inputs = _arg_nodes(node)
+            if node in isolated:
+                inputs = [i for i in inputs if not _realizes_into_cat(i, self, self.groups, self.gm)]
+            for inp in dict.fromkeys(self._read_key(i) for i in inputs):
+                readers.setdefault(inp, []).append(node)
         for group in readers.values():
             for other in group[1:]:
                 self._try_merge(group[0], other)
@@ -723,13 +792,50 @@ def _kind_of_group(kinds: Iterable[KernelKind]) -> KernelKind:
     return K.POINTWISE
 
 
-def _is_free_cat(members: Sequence[fx.Node], kinds, fusion: _Fusion, groups: _Groups) -> bool:
+# Views that keep a whole buffer (no subset, same element order): a generated
+# producer seen through them can still be realized straight into a cat slice.
+_WHOLE_VIEW_OPS = frozenset({
+    "view", "reshape", "_unsafe_view", "_reshape_alias", "view_as", "reshape_as",
+    "unsqueeze", "squeeze", "flatten", "unflatten", "contiguous", "alias",
+    "detach", "identity", "lift_fresh", "Flatten", "Unflatten", "Identity",
+})
+
+
+def _realizes_into_cat(inp: fx.Node, fusion: _Fusion, groups: _Groups, gm: fx.GraphModule) -> bool:
+    """True when cat input ``inp`` needs no copy: it is (a whole view of) a
+    buffer computed by generated code, not itself a cat (ConcatKernel
+    ``can_realize_into_without_copy``: FlexibleLayout, not extern output)."""
+    base = fusion.base[inp]
+    if base not in groups.parent or fusion.kinds[base] is K.CAT:
+        return False
+    node = inp
+    while node is not base:
+        if _op_label(gm, node) not in _WHOLE_VIEW_OPS:
+            return False  # slice / select / permute ...: a strided subset, copied
+        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else node.all_input_nodes[0]
+    return True
+
+
+def _is_free_cat(members: Sequence[fx.Node], kinds, fusion: _Fusion, groups: _Groups,
+                 gm: fx.GraphModule, claimed: set[fx.Node] | None = None) -> bool:
     """A CAT-only group whose inputs all come from generated kernels is free:
-    the producers write straight into the output slices (ConcatKernel)."""
+    the producers write straight into the output slices (ConcatKernel).
+
+    C++ flavour (``claimed`` given, cats are singleton groups): each input
+    must be a whole view of a generated, non-cat buffer not already realized
+    into an earlier cat (``claimed``); otherwise the cat is one copy kernel.
+    """
     if any(kinds[m] is not K.CAT for m in members):
         return False
-    inputs = [fusion.base[i] for m in members for i in _arg_nodes(m)]
-    return bool(inputs) and all(i in groups.parent for i in inputs)
+    inputs = [i for m in members for i in _arg_nodes(m)]
+    if claimed is None:
+        return bool(inputs) and all(fusion.base[i] in groups.parent for i in inputs)
+    bases = [fusion.base[i] for i in inputs]
+    free = (bool(inputs) and len(set(bases)) == len(bases)
+            and all(_realizes_into_cat(i, fusion, groups, gm) and fusion.base[i] not in claimed
+                    for i in inputs))
+    claimed.update(bases)
+    return free
 
 
 def _units_behind(buf: fx.Node, unit_of: dict[fx.Node, int], fusion: _Fusion) -> set[int]:
@@ -741,10 +847,39 @@ def _units_behind(buf: fx.Node, unit_of: dict[fx.Node, int], fusion: _Fusion) ->
     return {u for p in fusion.producers(buf) for u in _units_behind(p, unit_of, fusion)}
 
 
-def _schedule(units: list[list[fx.Node]], unit_of: dict[fx.Node, int], fusion: _Fusion) -> list[int]:
-    """Inductor-like order: units by first node, then a depth-first topological
-    sort visiting dependencies in position order (iterative: graphs are deep)."""
-    first = [min(fusion.pos[m] for m in members) for members in units]
+def _realized_at(members: Sequence[fx.Node], fusion: _Fusion) -> int:
+    """Position where Inductor materializes a generated group: lowering keeps
+    a pointwise result unrealized (inlined into its readers) until a reader
+    needs a buffer, so the group's code lands at its first reader outside
+    the group (views and cats looked through; the graph output is the end)."""
+    inside = set(members)
+    best = None
+    stack = [u for m in members for u in m.users]
+    seen: set[fx.Node] = set()
+    while stack:
+        user = stack.pop()
+        if user in seen or user in inside:
+            continue
+        seen.add(user)
+        if fusion.kinds.get(user) is K.VIEW:
+            stack.extend(user.users)
+            continue
+        pos = fusion.pos[user]
+        best = pos if best is None else min(best, pos)
+    return best if best is not None else max(fusion.pos[m] for m in members)
+
+
+def _schedule(units: list[list[fx.Node]], unit_of: dict[fx.Node, int], fusion: _Fusion,
+              lazy: bool = False) -> list[int]:
+    """Inductor-like order: units by first node (``lazy``: generated units at
+    the reader that realizes them, see :func:`_realized_at`), then a
+    depth-first topological sort visiting dependencies in that order
+    (iterative: graphs are deep)."""
+    def key(members: list[fx.Node]) -> int:
+        if lazy and not (len(members) == 1 and fusion.kinds[members[0]] in (K.MATMUL, K.OPAQUE)):
+            return _realized_at(members, fusion)
+        return min(fusion.pos[m] for m in members)
+    first = [key(members) for members in units]
     deps: list[list[int]] = []
     for idx, members in enumerate(units):
         found = {u for m in members for b in fusion.producers(m) for u in _units_behind(b, unit_of, fusion)}
@@ -792,15 +927,16 @@ def predict_kernels(
 
     # Launching units: fused groups (minus free cats) and extern/opaque nodes.
     units: list[list[fx.Node]] = []
+    claimed: set[fx.Node] | None = set() if prof.codegen == "cpp" else None
     for node in gm.graph.nodes:
         if node in groups.parent and groups.find(node) is node:
             members = sorted(groups.members[node], key=fusion.pos.__getitem__)
-            if not _is_free_cat(members, kinds, fusion, groups):
+            if not _is_free_cat(members, kinds, fusion, groups, gm, claimed):
                 units.append(members)
         elif kinds[node] in (K.MATMUL, K.OPAQUE):
             units.append([node])
     unit_of = {m: i for i, members in enumerate(units) for m in members}
-    order = _schedule(units, unit_of, fusion)
+    order = _schedule(units, unit_of, fusion, lazy=prof.codegen == "cpp")
 
     kernels: list[PredictedKernel] = []
     pending: list[fx.Node] = []  # cpp: generated code waiting for a flush
@@ -814,7 +950,8 @@ def predict_kernels(
         members = units[idx]
         if kinds[members[0]] in (K.MATMUL, K.OPAQUE) and len(members) == 1:
             flush()
-            kernels.append(_extern_kernel(members[0], kinds, cost, prof, gm))
+            kernels.extend(_grouped_linear_kernels(members[0], cost, prof, gm)
+                           or [_extern_kernel(members[0], kinds, cost, prof, gm)])
         elif prof.codegen == "cpp":
             pending.extend(members)
         else:
@@ -843,6 +980,37 @@ def _extern_kernel(node: fx.Node, kinds, cost: _Costing, prof: DeviceProfile,
     if kind is K.MATMUL and _has_bias(gm, node, label):
         note = f"{label} -> addmm (bias fused)"
     return PredictedKernel(kind, (node,), nbytes, flops, kernel_time(prof, kind, nbytes, flops), note)
+
+
+def _grouped_linear_kernels(node: fx.Node, cost: _Costing, prof: DeviceProfile,
+                            gm: fx.GraphModule) -> list[PredictedKernel]:
+    """Kernels of a grouped linear call ``(xs, ws, bs)``; [] for any other node."""
+    if node.op != "call_function" or _target_name(node.target) not in GROUPED_OPS or len(node.args) < 2:
+        return []
+    xs, ws = node.args[0], node.args[1]
+    bs = node.args[2] if len(node.args) > 2 and node.args[2] is not None else [None] * len(xs)
+    members = []
+    for x, w, b in zip(xs, ws, bs):
+        xi = (cost.infos.get(x) or [None])[0] if isinstance(x, fx.Node) else None
+        wi = (cost.infos.get(w) or [None])[0] if isinstance(w, fx.Node) else None
+        if xi is None or wi is None or xi.numel is None or len(wi.shape) != 2 or None in wi.shape:
+            return []  # shapes unknown: priced as one plain extern call
+        n_out, k = wi.shape
+        out = (xi.numel // k if k else 0) * n_out
+        bias = _nbytes(cost.infos.get(b)) if isinstance(b, fx.Node) else 0
+        members.append((xi.nbytes + wi.nbytes + bias + out * xi.itemsize, 2.0 * out * k))
+    if prof.codegen == "cpp":
+        # The fallback runs one F.linear per member, inside one more op dispatch.
+        return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops,
+                                kernel_time(prof, K.MATMUL, nbytes, flops) + (prof.launch_s(K.MATMUL) if i == 0 else 0),
+                                f"grouped_linear member {i} (F.linear fallback)")
+                for i, (nbytes, flops) in enumerate(members)]
+    nbytes = sum(m[0] for m in members)
+    flops = sum(m[1] for m in members)
+    seconds = prof.launch_s(K.MATMUL) + GROUPED_HOST_S_PER_MEMBER * len(members) + sum(
+        kernel_time(prof, K.MATMUL, m[0], m[1]) - prof.launch_s(K.MATMUL) for m in members)
+    return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops, seconds,
+                            f"grouped_linear ({len(members)} linears, one launch)")]
 
 
 def _has_bias(gm: fx.GraphModule, node: fx.Node, label: str) -> bool:

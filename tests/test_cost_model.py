@@ -195,3 +195,95 @@ def test_tiny_matmul_decomposed_on_cpu():
     assert predicted_launches(gm, (torch.randn(1, 8),), profile="cpu") == 1
     assert predict_kernels(gm, (torch.randn(1, 8),), profile="cpu")[0].kind is K.REDUCTION
     assert predict_kernels(gm, (torch.randn(1, 8),), profile="h100")[0].kind is K.MATMUL
+
+
+# ------------------------------------- CPU (cpp) rules calibrated on Inductor
+# Each expected count below is what Inductor emitted on the CPU (torch 2.13,
+# generated + extern calls); the rule named in the comment is the one without
+# which the model mispredicted it.
+
+class StackGate(nn.Module):
+    """relu feeding a stack and a gated sum: no fusion through a CPU cat."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.g = nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.a(x).relu()
+        s = torch.stack([h, h + 1], dim=1)
+        w = self.g(x).softmax(-1).unsqueeze(-1)
+        return (s * w).sum(1)
+
+
+class LazyCat(nn.Module):
+    """Pointwise tails of two linears are realized at the cat, after both."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.c(torch.cat([self.a(x).relu() * 2, self.b(x).sigmoid() * 3], dim=1))
+
+
+class SliceHeads(nn.Module):
+    """relus on two different slices of one matmul output share no data."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.a, self.b = nn.Linear(8, 16), nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x):
+        p, q = self.lin(x).split(8, dim=1)
+        return self.a(p.relu()), self.b(q.relu())
+
+
+def _bmm_vec(x, w, v):
+    return torch.bmm(torch.bmm(x, w).relu(), v).sigmoid()
+
+
+@pytest.mark.parametrize(
+    "fn, inputs, inductor_cpu",
+    [
+        # rule 5 (cpp cat = ConcatKernel): the old model fused relu, stack and
+        # the gated sum into one group and predicted 3.
+        (StackGate(), (torch.randn(4, 8),), 4),
+        # rule 7 (placement at the realizing reader): with cats isolated but
+        # groups placed at their first node it predicted 5.
+        (LazyCat(), (torch.randn(4, 8),), 4),
+        # rule 3 (same data = same elements): the old model fused both relus
+        # horizontally ahead of both linears and predicted 4.
+        (SliceHeads(), (torch.randn(4, 8),), 5),
+        # rule 6 (CPU bmm with N == 1 is mul + sum): the old model predicted 4.
+        (_bmm_vec, (torch.randn(3, 4, 8), torch.randn(3, 8, 8), torch.randn(3, 8, 1)), 2),
+    ],
+)
+def test_cpp_rules_match_inductor_counts(fn, inputs, inductor_cpu):
+    if isinstance(fn, nn.Module):
+        fn.eval()
+    (gm,) = capture_dynamo_graphs(fn, inputs)
+    assert predicted_launches(gm, profile="cpu") == inductor_cpu
+
+
+def test_bmm_decomposition_flavours():
+    def vec(x, v):  # (3, 4, 8) @ (3, 8, 1): N == 1
+        return torch.bmm(x, v)
+
+    def dot(x, v):  # (3, 1, 8) @ (3, 8, 1): M == N == 1, K <= 32
+        return torch.bmm(x, v)
+
+    (g_vec,) = capture_dynamo_graphs(vec, (torch.randn(3, 4, 8), torch.randn(3, 8, 1)))
+    (g_dot,) = capture_dynamo_graphs(dot, (torch.randn(3, 1, 8), torch.randn(3, 8, 1)))
+    assert [k.kind for k in predict_kernels(g_vec, profile="cpu")] == [K.REDUCTION]
+    assert [k.kind for k in predict_kernels(g_vec, profile="h100")] == [K.MATMUL]
+    assert [k.kind for k in predict_kernels(g_dot, profile="h100")] == [K.REDUCTION]
+
+
+def test_stack_gate_against_inductor():
+    """One real Inductor compile on the CPU: prediction equals the count."""
+    from optimus_eqsat.inductor_count import count_inductor_kernels
+
+    model, inputs = StackGate().eval(), (torch.randn(4, 8),)
+    (gm,) = capture_dynamo_graphs(model, inputs)
+    assert predicted_launches(gm, profile="cpu") == count_inductor_kernels(model, inputs).total == 4
