@@ -9,6 +9,14 @@ elementwise producer or consumer about as often as not). Views cost
 ``VIEW_COST``: nothing on the device, but a tie-breaker toward shorter view
 chains. The exact fusion model runs afterwards on the rebuilt FX graph
 (fx_cost.py), and the optimizer keeps the original if that says it got worse.
+
+A grouped linear (batching's group_linear) is priced as what runs: on GPU
+profiles (codegen "triton") the call is one extern launch and each member adds
+its roofline time plus ``GROUPED_HOST_S_PER_MEMBER`` (the host writes one row
+of the kernel's pointer table per member); on the CPU profile the op runs one
+``F.linear`` per member, so each member is a full matmul and the call adds its
+own dispatch on top: there it never beats the plain linears. Packing terms
+(operand chains, getitem of the call's outputs) cost ``VIEW_COST``.
 """
 
 from __future__ import annotations
@@ -22,9 +30,11 @@ VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
 FUSED_LAUNCH_SHARE = 0.25
 CAT_LAUNCH_SHARE = 0.5
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
+GROUPED_HOST_S_PER_MEMBER = 2e-7  # host time per member of a grouped call (pointer-table row)
 
 _VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil", "TCons"}
 _ELEMENTWISE = {"Unary", "Binary", "Scalar"}
+_GROUPED = {"grouped_matmul", "grouped_member", "pack"}  # opspec.GROUPED_MATMUL, GROUPED_MEMBER, PACK
 _KIND_OF_OPKIND = {
     "pointwise": KernelKind.POINTWISE,
     "reduction": KernelKind.REDUCTION,
@@ -66,9 +76,29 @@ class EGraphCost:
         if ctor == "Cat":
             out = self._bytes((c,))
             return kernel_time(p, KernelKind.CAT, 2 * out, 0) - (1 - CAT_LAUNCH_SHARE) * p.launch_s(KernelKind.CAT)
-        kind = _KIND_OF_OPKIND.get(self.op_kind(node.args[0]), KernelKind.OPAQUE)
+        opkind = self.op_kind(node.args[0])
+        if opkind in _GROUPED:
+            return self._grouped(opkind, node)
+        kind = _KIND_OF_OPKIND.get(opkind, KernelKind.OPAQUE)
         flops = self._matmul_flops(c, node) if kind is KernelKind.MATMUL else _numel(self.shapes.get(c))
         return kernel_time(p, kind, moved, flops)
+
+    def _grouped(self, opkind: str, node) -> float:
+        """Terms of a grouped linear (see the module doc)."""
+        p = self.profile
+        if opkind == "pack":
+            return VIEW_COST
+        if opkind == "grouped_matmul":
+            return p.launch_s(KernelKind.MATMUL)
+        x, w = (self.shapes.get(ch) for ch in node.children[:2])
+        rows = _numel(x) // x[-1] if x and x[-1] else 0
+        n_out = w[0] if w else 1
+        flops = 2.0 * _numel(x) * n_out
+        moved = self._bytes(node.children) + DEFAULT_ITEMSIZE * rows * n_out
+        time = kernel_time(p, KernelKind.MATMUL, moved, flops)
+        if p.codegen == "cpp":
+            return time  # the CPU fallback: one F.linear per member
+        return time - p.launch_s(KernelKind.MATMUL) + GROUPED_HOST_S_PER_MEMBER
 
     def _matmul_flops(self, c: int, node) -> float:
         """2 * M * N * K from the output shape and the first operand's last dim."""

@@ -458,6 +458,16 @@ def h_addmm(ctx: Context, a: dict[str, Any]) -> str:
     return f"(Binary \"{add}\" (Op2 \"{mm}\" {ctx.ref(a['mat1'])} {ctx.ref(a['mat2'])}) {ctx.ref(a['input'])})"
 
 
+def h_embedding(ctx: Context, a: dict[str, Any]) -> str:
+    """F.embedding with max_norm renormalizes rows of its table in place: kept opaque."""
+    node = ctx.node
+    if node.target is F.embedding:
+        max_norm = node.args[3] if len(node.args) > 3 else node.kwargs.get("max_norm")
+        if max_norm is not None:
+            raise Unsupported("embedding with max_norm writes to its table")
+    return ctx.generic(GATHER)
+
+
 # ---------------------------------------------------------------- the table
 
 _X = "input|self|tensor|x"
@@ -484,6 +494,7 @@ HANDLERS: dict[str, tuple[list[str], dict[str, Any], Handler]] = {
     "linear": ([_X, "weight", "bias"], {"bias": None}, h_linear),
     "addmm": ([_X, "mat1", "mat2", "beta", "alpha"], {"beta": 1, "alpha": 1}, h_addmm),
     "neg": ([], {}, h_neg),
+    "embedding": ([], {}, h_embedding),
 }
 # Views whose result shape comes from meta: only the input tensor is read.
 for _name in ("reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as"):
@@ -506,6 +517,21 @@ for _name, _kind in GENERIC_KINDS.items():
 # module's parameters as leaves: module type -> (op name, functional target,
 # parameter names read, constant kwargs taken from the module).
 
+def _embedding_constants(m: nn.Embedding) -> dict[str, Any]:
+    """An nn.Embedding's flags as F.embedding kwargs (those that change the gradient kept).
+
+    max_norm renormalizes the table in place on every lookup: not a pure op.
+    """
+    if m.max_norm is not None:
+        raise Unsupported("embedding with max_norm writes to its table")
+    flags = {"padding_idx": m.padding_idx}
+    if m.scale_grad_by_freq:
+        flags["scale_grad_by_freq"] = True
+    if m.sparse:
+        flags["sparse"] = True
+    return flags
+
+
 MODULE_OPS: dict[type, tuple[str, Any, tuple[str, ...], Callable[[nn.Module], dict[str, Any]]]] = {
     nn.Linear: ("linear", F.linear, ("weight", "bias"), lambda m: {}),
     nn.ReLU: ("relu", torch.relu, (), lambda m: {}),
@@ -515,7 +541,7 @@ MODULE_OPS: dict[type, tuple[str, Any, tuple[str, ...], Callable[[nn.Module], di
     nn.GELU: ("gelu", F.gelu, (), lambda m: {"approximate": m.approximate}),
     nn.LayerNorm: ("layer_norm", F.layer_norm, ("weight", "bias"),
                    lambda m: {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps}),
-    nn.Embedding: ("embedding", F.embedding, ("weight",), lambda m: {"padding_idx": m.padding_idx}),
+    nn.Embedding: ("embedding", F.embedding, ("weight",), lambda m: _embedding_constants(m)),
     nn.Softmax: ("softmax", F.softmax, (), lambda m: {"dim": m.dim}),
     nn.Identity: ("identity", None, (), lambda m: {}),
     nn.Dropout: ("dropout", None, (), lambda m: {}),

@@ -17,12 +17,22 @@ Covers Inductor's group_batch_fusion.py (OPTIMUS_PATTERNS.md):
   batch_layernorm (24)         same layer_norm      -> one layer_norm, stacked affine
   batch_tanh/sigmoid/relu (25, 30), batch_detach/nan_to_num/clamp/dropout (26),
   batch_aten_add/sub/mul/div (29): any elementwise op (Unary/Scalar/Binary) of equal shapes
+  group_linear (28)            linears of any shapes (one dtype) -> one optimus_eqsat::grouped_linear
+                               call (Triton grouped GEMM on CUDA, no fbgemm); members are getitems
+  (not in Inductor)            plain embedding lookups into tables of one width and dtype -> one
+                               lookup into the row-concatenated tables with shifted indices
+
+A linear is a candidate for several kinds at once (bmm, lhs, group_linear): every
+alternative is unioned with it and the cost model picks. group_linear is one
+extern launch on GPU profiles but one F.linear per member on the CPU profile, so
+there it never pays; same-shaped linears whose stacks are free take the bmm.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import operator
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,7 +41,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..opspec import MATMUL, POINTWISE, REDUCTION, OpSpec, Slot
+from ..kernels.grouped_linear import grouped_linear
+from ..opspec import GATHER, GROUPED_MATMUL, GROUPED_MEMBER, MATMUL, PACK, POINTWISE, REDUCTION, OpSpec, Slot
 from ..terms import cons_list, vec
 from ..translate import Translation
 
@@ -105,6 +116,9 @@ class BatchBuilder:
         self.facts: list[str] = []
         self.outputs: list[int] = []  # ids of the batched terms, one per group
         self.groups: list[tuple[int, list[int]]] = []  # (batched term id, member node ids)
+        # member node id -> (batched term, group size, position): chained groups read
+        # the previous batched term directly instead of stacking its slices again
+        self.slot_of: dict[int, tuple[str, int, int]] = {}
 
     def new(self, term: str, shape: tuple[int, ...] | None = None) -> str:
         """Name ``term`` by a fresh id; give it a shape when rules cannot derive it."""
@@ -116,7 +130,19 @@ class BatchBuilder:
         return f"(Id {i})"
 
     def stack(self, ids: list[int], rank: int) -> tuple[str, tuple[int, ...]]:
-        """torch.stack of the operands at dim 0, each first padded on the left to ``rank``."""
+        """torch.stack of the operands at dim 0, each first padded on the left to ``rank``.
+
+        When the operands are, in order, all the members of one earlier group, the
+        stack is that group's batched term (a view): no cat list to build, and none
+        for the split/cat rules to walk (the walk is quadratic in a contiguous run).
+        """
+        slots = [self.slot_of.get(i) for i in ids]
+        if slots[0] is not None and all(
+            s is not None and s[0] == slots[0][0] and s[1] == len(ids) and s[2] == k for k, s in enumerate(slots)
+        ):
+            s0 = self.t.shapes[ids[0]]
+            shape = (len(ids),) + (1,) * (rank - len(s0)) + s0
+            return self.new(f"(Reshape {slots[0][0]} {vec(shape)})"), shape
         items, shape = [], None
         for i in ids:
             s = self.t.shapes[i]
@@ -130,6 +156,7 @@ class BatchBuilder:
         self.groups.append((self.outputs[-1], list(members)))
         for k, m in enumerate(members):
             self.facts.append(f"(union (Id {m}) (Reshape (Slice {batched} 0 {k} {k + 1}) {vec(self.t.shapes[m])}))")
+            self.slot_of[m] = (batched, len(members), k)
 
 
 def _shapes_known(t: Translation, c: Candidate) -> bool:
@@ -187,14 +214,10 @@ def _batch_linear(b: BatchBuilder, group: list[Candidate]) -> None:
     t, c0 = b.t, group[0]
     x_shape, (n_out, k) = t.shapes[c0.operands[0]], t.shapes[c0.operands[1]]
     m = math.prod(x_shape[:-1])
-    xs = [b.new(f"(Reshape (Id {c.operands[0]}) {vec((m, k))})") for c in group]
-    # stack() reads operand shapes from the translation; the 2-D views get theirs here
-    x_ids = [int(_ID.match(x).group(1)) for x in xs]
-    for x_id in x_ids:
-        t.shapes[x_id] = (m, k)
-    stacked_x, _ = b.stack(x_ids, 2)
-    stacked_w, _ = b.stack([c.operands[1] for c in group], 2)
     n = len(group)
+    stacked, _ = b.stack([c.operands[0] for c in group], len(x_shape))
+    stacked_x = b.new(f"(Reshape {stacked} {vec((n, m, k))})")  # [n, m, k] for bmm
+    stacked_w, _ = b.stack([c.operands[1] for c in group], 2)
     mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
     y = b.new(f"(Op2 \"{mm}\" {stacked_x} (Permute {stacked_w} (vec-of 0 2 1)))", (n, m, n_out))
     if c0.key == "linear_b":
@@ -245,7 +268,198 @@ def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
         start += width
 
 
-_BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm, "linear_lhs": _batch_linear_lhs}
+# ---------------------------------------------------------------- group_linear
+# Linears of any shapes -> one grouped-GEMM call. The term language has only
+# fixed-arity ops (Op1-Op3), so the call's 3N operands travel in a chain of
+# packing terms that no rule matches and no kernel runs:
+#     item_i = Op2 "gl_item" x_i w_i | Op3 "gl_item_b" x_i w_i b_i
+#     chain  = Op1 "gl_list" item_1, then Op2 "gl_cons" chain item_i
+#     call   = Op1 "grouped_linear" chain           (a Python list of N tensors)
+#     y_i    = Op1 "gl_get:i" call                   (operator.getitem: a view)
+# The call's OpSpec emits ``grouped_linear([x..], [w..], [b..])`` straight from the
+# chain's operands and erases the chain's FX nodes, so the rebuilt graph holds one
+# call and N getitems, just as hand-written code would. Members are getitems of
+# a list rather than slices of one concatenated tensor: concatenating would cost
+# a copy of every output (the kernel writes N separate buffers), and a flat
+# tensor would need equal leading dims. The price: rules cannot see through the
+# call (its outputs are only getitems), which is fine, nothing simplifies there.
+
+
+def _gl_item(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tuple:
+    """One member's operands (packing only; erased when the grouped call is emitted)."""
+    return (x, w, b)
+
+
+def _gl_list(item: tuple) -> list:
+    return [item]
+
+
+def _gl_cons(items: list, item: tuple) -> list:
+    return [*items, item]
+
+
+def grouped_linear_packed(items: list) -> list[torch.Tensor]:
+    """The grouped call on packed operands (what a chain left in a graph computes)."""
+    return grouped_linear([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+
+
+@dataclass(frozen=True)
+class GroupedLinearSpec(OpSpec):
+    """Emits the grouped call from the packing chain's operands, then drops the chain."""
+
+    def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node]) -> torch.fx.Node:
+        chain, node, items = [], operands[0], []
+        while node.op == "call_function" and node.target is _gl_cons:
+            chain.append(node)
+            items.append(node.args[1])
+            node = node.args[0]
+        if not (node.op == "call_function" and node.target is _gl_list):
+            return graph.call_function(grouped_linear_packed, (operands[0],))  # not a chain: still correct
+        chain.append(node)
+        items.append(node.args[0])
+        items.reverse()
+        if not all(i.op == "call_function" and i.target is _gl_item for i in items):
+            return graph.call_function(grouped_linear_packed, (operands[0],))
+        xs = [i.args[0] for i in items]
+        ws = [i.args[1] for i in items]
+        bs = [i.args[2] if len(i.args) > 2 else None for i in items]
+        new = graph.call_function(grouped_linear, (xs, ws, bs))
+        for dead in [*chain, *dict.fromkeys(items)]:  # last link first: each is then unused
+            if not dead.users:
+                graph.erase_node(dead)
+        return new
+
+
+def group_linear_key(t: Translation, c: Candidate) -> tuple | None:
+    """Linears of any shapes (same dtype) may share one grouped-GEMM call."""
+    if c.key in ("linear", "linear_b") and _shapes_known(t, c) and len(t.shapes[c.operands[1]]) == 2:
+        dtype = t.dtypes.get(c.node)
+        if dtype is not None and all(t.dtypes.get(o) == dtype for o in c.operands):
+            return ("group_linear", dtype)
+    return None
+
+
+def _group_linear(b: BatchBuilder, group: list[Candidate]) -> None:
+    """linear_i(x_i, w_i, b_i) -> getitem(grouped_linear(xs, ws, bs), i): one extern call on GPUs."""
+    reg = b.t.registry
+    item = reg.add_named("gl_item", OpSpec("call_function", _gl_item, (Slot(0), Slot(1)), (), GROUPED_MEMBER))
+    item_b = reg.add_named("gl_item_b", OpSpec("call_function", _gl_item, (Slot(0), Slot(1), Slot(2)), (),
+                                               GROUPED_MEMBER))
+    first = reg.add_named("gl_list", OpSpec("call_function", _gl_list, (Slot(0),), (), PACK))
+    cons = reg.add_named("gl_cons", OpSpec("call_function", _gl_cons, (Slot(0), Slot(1)), (), PACK))
+    call = reg.add_named("grouped_linear", GroupedLinearSpec("call_function", grouped_linear_packed, (Slot(0),), (),
+                                                             GROUPED_MATMUL))
+    chain = None
+    for c in group:
+        ids = " ".join(f"(Id {o})" for o in c.operands)
+        packed = b.new(f"(Op3 \"{item_b}\" {ids})" if c.key == "linear_b" else f"(Op2 \"{item}\" {ids})")
+        chain = b.new(f"(Op1 \"{first}\" {packed})" if chain is None else f"(Op2 \"{cons}\" {chain} {packed})")
+    y = b.new(f"(Op1 \"{call}\" {chain})")
+    b.outputs.append(int(_ID.match(y).group(1)))
+    b.groups.append((b.outputs[-1], [c.node for c in group]))
+    for k, c in enumerate(group):
+        get = reg.add_named(f"gl_get:{k}", OpSpec("call_function", operator.getitem, (Slot(0), k), (), PACK))
+        b.facts.append(f"(union (Id {c.node}) (Op1 \"{get}\" {y}))")
+
+
+# ---------------------------------------------------------------- embedding
+# Lookups into tables of one width -> one lookup into the tables concatenated
+# along rows, with each table's indices shifted by its first row (the indices
+# are concatenated first and shifted by one elementwise op, shift_segments, so
+# the shift is one kernel however many tables; an Op1, never a Unary: it depends
+# on the position, so it must not be pushed into the cat's members). Only plain
+# lookups: padding_idx (it masks one row's gradient), max_norm (it renormalizes
+# the table in place), scale_grad_by_freq, sparse gradients and per-sample
+# weights keep their own lookup. Valid for in-range indices; an out-of-range or
+# negative index, an error in the original, would read a neighbouring table.
+
+_ATEN_EMBEDDING = ("weight", "input", "padding_idx", "scale_grad_by_freq", "sparse")
+
+
+def _embedding_slots(spec: OpSpec) -> tuple[int, int] | None:
+    """(indices slot, table slot) of a plain embedding lookup; None otherwise."""
+    if spec.kind != GATHER:
+        return None
+    kwargs = dict(spec.kwargs)
+    if spec.target is F.embedding:
+        try:
+            bound = inspect.signature(F.embedding).bind(*spec.args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        a = dict(bound.arguments)
+        plain = a["padding_idx"] is None and a["max_norm"] is None
+    elif spec.target in (torch.embedding, torch.ops.aten.embedding.default, torch.ops.aten.embedding):
+        if len(spec.args) > len(_ATEN_EMBEDDING) or set(kwargs) - set(_ATEN_EMBEDDING):
+            return None
+        a = {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False,
+             **dict(zip(_ATEN_EMBEDDING, spec.args)), **kwargs}
+        plain = a["padding_idx"] in (-1, None)
+    else:
+        return None
+    if not plain or a["scale_grad_by_freq"] or a["sparse"]:
+        return None
+    idx, table = a["input"], a["weight"]
+    if not (isinstance(idx, Slot) and isinstance(table, Slot)) or spec.arity != 2:
+        return None
+    return idx.index, table.index
+
+
+def embedding_key(t: Translation, c: Candidate) -> tuple | None:
+    """Plain lookups into 2-D tables of one width and dtype (indices of one dtype)."""
+    spec = t.registry.specs.get(c.key)
+    if c.ctor != "Op2" or spec is None or not _shapes_known(t, c):
+        return None
+    slots = _embedding_slots(spec)
+    if slots is None:
+        return None
+    idx, table = (c.operands[s] for s in slots)
+    idx_dtype, table_shape = t.dtypes.get(idx), t.shapes[table]
+    if idx_dtype not in (torch.int64, torch.int32) or len(table_shape) != 2 or t.dtypes.get(table) is None:
+        return None
+    return ("embedding", table_shape[1], t.dtypes[table], idx_dtype)
+
+
+def shift_segments(idx: torch.Tensor, starts: tuple[int, ...], rows: tuple[int, ...]) -> torch.Tensor:
+    """Flat indices of tables laid end to end: position p in segment s (segments start at
+    ``starts``, ``starts[0] == 0``) gets ``sum(rows[:s])`` added. One elementwise kernel under
+    Inductor (a comparison per boundary), so the index shift of all tables costs one kernel."""
+    pos = torch.arange(idx.numel(), device=idx.device)
+    out = idx
+    for start, previous in zip(starts[1:], rows[:-1]):  # past each boundary, skip the table before it
+        out = out + (pos >= start).to(idx.dtype) * previous
+    return out
+
+
+def _batch_embedding(b: BatchBuilder, group: list[Candidate]) -> None:
+    """embedding(idx_i, W_i) -> rows of embedding(shift(cat(idx_i)), cat(W_i))."""
+    t = b.t
+    slots = [_embedding_slots(t.registry.specs[c.key]) for c in group]
+    idxs = [c.operands[s[0]] for c, s in zip(group, slots)]
+    tables = [c.operands[s[1]] for c, s in zip(group, slots)]
+    rows = tuple(t.shapes[w][0] for w in tables)
+    if t.dtypes[idxs[0]] == torch.int32 and sum(rows) >= 2**31:
+        return  # shifted indices would overflow
+    counts = [math.prod(t.shapes[idx]) for idx in idxs]
+    starts = tuple(sum(counts[:k]) for k in range(len(counts)))
+    width, total = t.shapes[tables[0]][1], sum(counts)
+    flat = [f"(Reshape (Id {idx}) {vec((n,))})" for idx, n in zip(idxs, counts)]
+    cat = b.new(f"(Cat {cons_list(flat, 0, b.facts.append, t.new_list_id)})", (total,))
+    shift = t.registry.register(OpSpec("call_function", shift_segments, (Slot(0), starts, rows), (), POINTWISE))
+    indices = b.new(f"(Op1 \"{shift}\" {cat})", (total,))
+    weights = [f"(Id {w})" for w in tables]
+    table = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, t.new_list_id)})", (sum(rows), width))
+    lookup = t.registry.register(OpSpec("call_function", F.embedding, (Slot(0), Slot(1)), (), GATHER))
+    y = b.new(f"(Op2 \"{lookup}\" {indices} {table})", (total, width))
+    b.outputs.append(int(_ID.match(y).group(1)))
+    b.groups.append((b.outputs[-1], [c.node for c in group]))
+    for c, start, n in zip(group, starts, counts):
+        b.facts.append(f"(union (Id {c.node}) (Reshape (Slice {y} 0 {start} {start + n}) {vec(t.shapes[c.node])}))")
+
+
+_BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm, "linear_lhs": _batch_linear_lhs,
+             "group_linear": _group_linear, "embedding": _batch_embedding}
+_KEYS = (fusion_key, lhs_fusion_key, group_linear_key, embedding_key)
 
 
 @dataclass
@@ -265,7 +479,7 @@ def batch_facts(t: Translation) -> Batches:
         candidate = parse_candidate(i, term)
         if candidate is None:
             continue
-        for key_of in (fusion_key, lhs_fusion_key):
+        for key_of in _KEYS:
             key = key_of(t, candidate)
             if key is not None:
                 keyed[key].append(candidate)
@@ -278,7 +492,10 @@ def batch_facts(t: Translation) -> Batches:
         kind = key[0] if key[0] in _BUILDERS else "elementwise"
         for group in independent_groups(members, ancestors):
             if len(group) >= MIN_GROUP:
+                built = len(builder.outputs)
                 _BUILDERS.get(kind, _batch_elementwise)(builder, group)
+                if len(builder.outputs) == built:
+                    continue  # the builder declined this group
                 stats[f"batch-{kind}"] += len(group)
                 outputs[f"batch-{kind}"].append(builder.outputs[-1])
     return Batches(builder.facts, dict(stats), dict(outputs), builder.groups)

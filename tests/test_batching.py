@@ -64,14 +64,16 @@ def inputs(*shapes):
 
 
 def test_same_shape_linears_become_one_matmul():
-    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)))
+    # On the CPU profile; on GPU profiles the grouped-GEMM call (no weight stacking) is
+    # cheaper still: tests/test_group_linear_batching.py.
+    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), profile="cpu")
     counts = op_counts(optimized)
     assert counts["linear"] == 0 and counts["matmul"] == 1 and counts["relu"] == 1, dict(counts)
     assert optimized.meta["optimus_eqsat"].batched.get("batch-linear") == FEATURES
 
 
 def test_linears_without_bias():
-    optimized = optimize_and_check(Towers(bias=False), *inputs((4, FEATURES * WIDTH)))
+    optimized = optimize_and_check(Towers(bias=False), *inputs((4, FEATURES * WIDTH)), profile="cpu")
     assert op_counts(optimized)["matmul"] == 1
 
 
@@ -124,6 +126,17 @@ def test_dependent_linears_are_not_batched():
     counts = op_counts(optimized)
     assert counts["linear"] == 2 and counts["matmul"] == 0, dict(counts)
     assert not optimized.meta["optimus_eqsat"].batched.get("batch-linear")
+
+
+def test_same_shape_linears_take_one_grouped_call_on_gpu():
+    """Both alternatives exist; on h100 the grouped call (one launch, no weight stack) wins."""
+    from optimus_eqsat.kernels import grouped_linear
+
+    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), profile="h100")
+    report = optimized.meta["optimus_eqsat"]
+    assert report.batched.get("batch-linear") == FEATURES and report.batched.get("batch-group_linear") == FEATURES
+    assert sum(n.target is grouped_linear for n in optimized.graph.nodes) == 1
+    assert op_counts(optimized)["linear"] == 0 and op_counts(optimized)["matmul"] == 0
 
 
 def test_batching_can_be_switched_off():

@@ -1,0 +1,177 @@
+"""Batching embedding lookups into tables of one width (issue #4): one lookup into the
+tables concatenated along rows, with shifted indices; forward and gradients (inputs and
+every table) against eager."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pytest
+
+from optimus_eqsat import optimize_graph
+from optimus_eqsat.api import OptimizationRun, OptimizeOptions
+from tests.helpers import assert_same_numerics, op_counts
+
+ROWS = (10, 7, 13, 5)
+
+
+class Lookups(nn.Module):
+    """Per-field lookups (separate index inputs, as features arrive), concatenated."""
+
+    def __init__(self, dim: int = 4, **flags):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(r, dim, **flags) for r in ROWS)
+
+    def forward(self, i0, i1, i2, i3):
+        idx = (i0, i1, i2, i3)
+        return torch.cat([self.tables[t](idx[t]) for t in range(len(ROWS))], dim=1)
+
+
+class Pooled(nn.Module):
+    """DeepFM's first-order term: width-1 tables, sum-pooled over bags of one index block."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(r, 1) for r in ROWS)
+
+    def forward(self, sparse, dense):
+        per_table = torch.unbind(sparse, dim=1)
+        pooled = [self.tables[t](per_table[t]).sum(dim=1) for t in range(len(ROWS))]
+        return torch.cat(pooled, dim=1) * dense
+
+
+def indices(batch: int = 3, bag: int | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch,) if bag is None else (batch, bag)
+    return tuple(torch.randint(0, r, shape, generator=g) for r in ROWS)
+
+
+def assert_same_table_grads(model: nn.Module, optimized: torch.nn.Module, inputs: tuple) -> None:
+    """Gradients reaching every parameter (the tables) agree with eager."""
+    params = list(model.parameters())
+
+    def outputs(fn):
+        out = fn(*inputs)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    seeds = [torch.randn_like(o) for o in outputs(model)]
+    expected = torch.autograd.grad(outputs(model), params, seeds)
+    got = torch.autograd.grad(outputs(optimized), params, seeds, allow_unused=True)
+    for e, g in zip(expected, got):
+        assert g is not None
+        torch.testing.assert_close(g, e)
+
+
+def optimize(model: nn.Module, inputs: tuple, **options) -> torch.fx.GraphModule:
+    gm = torch.fx.symbolic_trace(model)
+    optimized = optimize_graph(gm, inputs, raise_on_error=True, **options)
+    assert_same_numerics(model, optimized, inputs)
+    assert_same_table_grads(model, optimized, inputs)
+    return optimized
+
+
+def lookups(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes
+               if n.target is F.embedding or (n.op == "call_module" and isinstance(gm.get_submodule(n.target),
+                                                                                 nn.Embedding)))
+
+
+def launch_count_cost(c, node):
+    """Every lookup one launch; index shifts ride along in fused kernels; views, cats free."""
+    if node.ctor in ("Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil", "TCons", "Cat"):
+        return 0.0 if node.ctor == "Leaf" else 1e-6
+    elementwise = node.ctor in ("Unary", "Binary", "Scalar") or str(node.args[0]).startswith("shift_segments")
+    return 0.1 if elementwise else 1.0
+
+
+@pytest.mark.parametrize("bag", [None, 2])
+def test_batched_lookup_is_correct(bag):
+    """The batched alternative itself (forced by a launch-count cost): one lookup, same values
+    and the same gradient for every table."""
+    model, inputs = Lookups(), indices(bag=bag)
+    run = OptimizationRun(torch.fx.symbolic_trace(model), inputs, OptimizeOptions(raise_on_error=True))
+    run.saturate()
+    run.extract(cost=launch_count_cost)
+    program = run.build()
+    assert run.report.batched.get("batch-embedding") == len(ROWS)
+    assert lookups(program) == 1, program.code
+    assert_same_numerics(model, program, inputs)
+    assert_same_table_grads(model, program, inputs)
+
+
+def test_lookups_are_batched_on_gpu():
+    """Four gathers before; after: the tables' cat, one index kernel (cat + shift) and one gather."""
+    optimized = optimize(Lookups(), indices(bag=3), profile="h100")
+    report = optimized.meta["optimus_eqsat"]
+    assert report.batched.get("batch-embedding") == len(ROWS)
+    assert lookups(optimized) == 1 and op_counts(optimized)["cat"] >= 2, optimized.code  # tables and indices
+    assert report.launches_before == len(ROWS) and report.launches_after == 3
+
+
+def test_pooled_lookups_that_already_fuse_are_left_alone():
+    """Sum-pooled lookups whose indices are slices of one block: Inductor already runs them
+    as one fused kernel, so the batched lookup (three kernels) is declined."""
+    model = Pooled()
+    inputs = (torch.stack(indices(bag=3), dim=1), torch.randn(3, len(ROWS)))
+    optimized = optimize(model, inputs, profile="h100")
+    report = optimized.meta["optimus_eqsat"]
+    assert report.batched.get("batch-embedding") == len(ROWS)
+    assert lookups(optimized) == len(ROWS)
+    assert report.launches_after <= report.launches_before
+
+
+@pytest.mark.parametrize("flags", [{"padding_idx": 0}, {"scale_grad_by_freq": True}, {"max_norm": 1.0}])
+def test_tables_with_flags_keep_their_own_lookup(flags):
+    model, inputs = Lookups(**flags), indices()
+    gm = torch.fx.symbolic_trace(model)
+    optimized = optimize_graph(gm, inputs, raise_on_error=True, profile="h100")
+    assert not optimized.meta["optimus_eqsat"].batched.get("batch-embedding")
+    assert lookups(optimized) == len(ROWS)
+    if "max_norm" not in flags:  # max_norm renormalizes the tables in place: not replayable
+        assert_same_numerics(model, optimized, inputs)
+        assert_same_table_grads(model, optimized, inputs)
+
+
+def test_tables_of_other_widths_are_separate_groups():
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tables = nn.ModuleList(nn.Embedding(r, 4 if t % 2 else 3) for t, r in enumerate(ROWS))
+
+        def forward(self, i0, i1, i2, i3):
+            idx = (i0, i1, i2, i3)
+            return tuple(self.tables[t](idx[t]) for t in range(len(ROWS)))
+
+    model, inputs = Mixed(), indices()
+    run = OptimizationRun(torch.fx.symbolic_trace(model), inputs, OptimizeOptions(raise_on_error=True))
+    run.saturate()
+    assert run.report.batched.get("batch-embedding") == len(ROWS)
+    assert len(run.batches.outputs["batch-embedding"]) == 2
+    run.extract(cost=launch_count_cost)
+    program = run.build()
+    assert lookups(program) == 2
+    assert_same_numerics(model, program, inputs)
+    assert_same_table_grads(model, program, inputs)
+
+
+def test_dynamo_graph_functional_embedding():
+    model = Lookups()
+    inputs = indices(bag=3)
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(*inputs)
+    gm, example = captured[0]
+    assert sum(1 for n in gm.graph.nodes if n.target is F.embedding) == len(ROWS)
+    optimized = optimize_graph(gm, example, profile="h100", raise_on_error=True)
+    assert optimized.meta["optimus_eqsat"].batched.get("batch-embedding") == len(ROWS)
+    assert sum(1 for n in optimized.graph.nodes if n.target is F.embedding) == 1
+    # the tables are graph inputs here: their gradients are compared too
+    assert_same_numerics(gm, optimized, tuple(t.detach() for t in example))
