@@ -14,7 +14,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from .egraph import Extraction, ExtractionError, ExtractionGraph, dag_cost, reachable_choice
+from .egraph import Extraction, ExtractionError, ExtractionGraph, reachable_choice
 
 
 @dataclass(frozen=True)
@@ -99,18 +99,22 @@ def _one_pass(graph: ExtractionGraph, fallback: dict[int, int], choice: dict[int
         trial = {**fallback, **choice, **move.members}
         try:
             reached = reachable_choice(graph, trial)
-            trial_cost = dag_cost(graph, reached)
         except ExtractionError:  # the move closes a cycle through current choices: try with fallbacks only
             trial = {**fallback, **move.members}
             try:
                 reached = reachable_choice(graph, trial)
-                trial_cost = dag_cost(graph, reached)
             except ExtractionError:
                 left.append(move)
                 continue
+        trial_cost = _cost_of(graph, reached)
         if trial_cost < cost * (1 - 1e-9):
             choice, cost = reached, trial_cost
             taken.append(move.name)
         else:
             left.append(move)
     return choice, cost, left
+
+
+def _cost_of(graph: ExtractionGraph, reached: dict[int, int]) -> float:
+    """DAG cost of a choice already restricted to what the roots reach (no second walk)."""
+    return math.fsum(graph.classes[c][k].cost for c, k in reached.items())

@@ -45,6 +45,9 @@ class OptimizeOptions:
         never_worse: return the original when the cost model predicts the result slower.
         refine_batches: re-extract without each kind of batch and keep the variant the
             fusion-aware cost model (fx_cost) predicts fastest.
+        refine_time_limit_s: no further refine variant is started after this many seconds
+            of refining (each variant is a full extraction and rebuild; on 20,000-node
+            graphs tens of seconds). The report lists the variants tried.
         record_eclasses: count e-classes after every iteration into the saturation
             history (costs a freeze of the e-graph each time; the explorer turns it on).
     """
@@ -60,6 +63,7 @@ class OptimizeOptions:
     raise_on_error: bool = False
     never_worse: bool = True
     refine_batches: bool = True
+    refine_time_limit_s: float = 10.0
     record_eclasses: bool = False
 
     @classmethod
@@ -279,10 +283,14 @@ class OptimizationRun:
         self.report.extractor, self.report.extraction_cost = ext.extractor, ext.cost
         self.report.optimal, self.report.gap = ext.optimal, ext.gap
 
-    def build(self) -> torch.fx.GraphModule:
-        """The extracted program as a new GraphModule (no cost check)."""
+    def build(self, meta: bool = True) -> torch.fx.GraphModule:
+        """The extracted program as a new GraphModule (no cost check).
+
+        ``meta=False`` skips fake-tensor propagation: new nodes then carry only
+        the e-graph's shapes, enough for the cost model (candidates in refine).
+        """
         result = rebuild(self.translation, self.egraph, self.extraction.choice)
-        if self.example_inputs is None or _has_fake_meta(self.gm):
+        if meta and (self.example_inputs is None or _has_fake_meta(self.gm)):
             # Dynamo/export graphs: new nodes get fake-tensor meta like the rest (Inductor's
             # own passes read it). A symbolic_trace graph with example inputs skips this:
             # the cost model runs the inputs instead, and fake tensors import torch._dynamo
@@ -330,21 +338,32 @@ class OptimizationRun:
                        if any(class_of.get(i) in chosen for i in ids))
         if not kinds:
             return result, launches, seconds
-        best = (seconds, launches, result, ())
+        # Candidates are compared on cheap builds (e-graph shapes, no fake tensors: most of
+        # a build's time); only a winner other than ``result`` is built again with full meta.
+        n, t = _predict(self.build(meta=False), self.example_inputs, opts.profile)
+        best = (t, n, ())
         saved = (self.graph, self.extraction)
+        start = time.perf_counter()
         for dropped in [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else []):
+            if time.perf_counter() - start > opts.refine_time_limit_s:
+                log.info("optimus_eqsat: refine stopped at its time limit (%.1f s)", opts.refine_time_limit_s)
+                break
+            report.refine_tried.append(list(dropped))
             try:
                 self.extract(cost=self.without_batches(dropped), extractor="greedy")
-                candidate = self.build()
+                candidate = self.build(meta=False)
             except Exception as exc:  # a kind that cannot be dropped: keep what we have
                 log.debug("optimus_eqsat: refine without %s failed: %s", dropped, exc)
                 continue
             n, t = _predict(candidate, self.example_inputs, opts.profile)
             if t < best[0] * (1 - 1e-9):
-                best, saved = (t, n, candidate, dropped), (self.graph, self.extraction)
+                best, saved = (t, n, dropped), (self.graph, self.extraction)
         self.graph, self.extraction = saved
-        report.dropped_batches = list(best[3])
-        return best[2], best[1], best[0]
+        report.dropped_batches = list(best[2])
+        if not best[2]:
+            return result, launches, seconds
+        result = self.build()
+        return (result, *_predict(result, self.example_inputs, opts.profile))
 
     def finish(self) -> torch.fx.GraphModule:
         """Rebuild, predict launches before/after, and keep the original if the result is worse."""

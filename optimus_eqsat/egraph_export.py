@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 import egglog.bindings as eb
@@ -38,9 +39,15 @@ class TermNode:
     ctor: str
     args: tuple
 
-    @property
+    @cached_property  # read once per extraction and per rebuild step: computed once
     def children(self) -> tuple[int, ...]:
         return tuple(a.index for a in self.args if isinstance(a, ClassRef))
+
+    @cached_property
+    def label(self) -> str:
+        """Constructor and primitive arguments, e.g. ``Slice(1, 0, 4)``."""
+        prims = [repr(a) for a in self.args if not isinstance(a, ClassRef)]
+        return f"{self.ctor}({', '.join(prims)})" if prims else self.ctor
 
 
 @dataclass
@@ -54,15 +61,10 @@ class ExportedEGraph:
     def extraction_graph(self, roots: list[int], cost: Callable[[int, TermNode], float]) -> ExtractionGraph:
         """The graph an extractor reads; ``cost(class, node)`` prices each node."""
         classes = [
-            [ENode(_label(n), n.children, cost(c, n) if n.ctor in EMITTED else math.inf) for n in nodes]
+            [ENode(n.label, n.children, cost(c, n) if n.ctor in EMITTED else math.inf) for n in nodes]
             for c, nodes in enumerate(self.classes)
         ]
         return ExtractionGraph(classes, roots)
-
-
-def _label(node: TermNode) -> str:
-    prims = [repr(a) for a in node.args if not isinstance(a, ClassRef)]
-    return f"{node.ctor}({', '.join(prims)})" if prims else node.ctor
 
 
 def export(egraph: eb.EGraph) -> ExportedEGraph:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from .extract.fx_cost import SHAPE_META, TensorInfo, node_tensor_infos
 from .egraph_export import ClassRef, ExportedEGraph, TermNode
 from .translate import VIEW_OPS, Translation
 from .normalize import canonical_name
@@ -185,7 +186,17 @@ class Rebuilder:
             if new.op != "get_attr":
                 new._rename(original.name)
             new.meta = copy.copy(original.meta)
+        if key in self.eg.shapes and not any(k in new.meta for k in ("val", "example_value", "tensor_meta")):
+            new.meta[SHAPE_META] = TensorInfo(self.eg.shapes[key], self._itemsize(new))
         self.of_class[key] = new
+
+    def _itemsize(self, new: torch.fx.Node) -> int:
+        """Element size of a new node: its first tensor input's (ops here keep dtype), else 4."""
+        for a in new.all_input_nodes:
+            infos = node_tensor_infos(a)
+            if infos:
+                return infos[0].itemsize
+        return 4
 
     def _emit_term(self, node: TermNode) -> torch.fx.Node:
         g, ctor, args = self.graph, node.ctor, node.args

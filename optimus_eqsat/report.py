@@ -42,6 +42,7 @@ class OptimizeReport:
     gap: float | None = None
     batched: dict[str, int] = field(default_factory=dict)
     dropped_batches: list[str] = field(default_factory=list)
+    refine_tried: list[list[str]] = field(default_factory=list)  # batch kinds dropped, per refine variant
     group_moves: list[str] = field(default_factory=list)  # batch groups switched on after extraction
     fell_back: bool = False
     fallback_reason: str | None = None
