@@ -40,12 +40,56 @@ Costs are divided by the smallest positive cost before they reach HiGHS: real
 costs are seconds (views 1e-9, kernels 1e-6), below HiGHS's absolute
 tolerances, which made it stop at non-optimal points and report them optimal.
 
-Measured on real pipeline e-graphs (benchmarks/bench_extractors.py --models),
-a lazy cycle-cut loop (solve without order constraints, add exit cuts for the
-cycles of the chosen program, resolve) and a big-M order region grown from the
-cycles found were both tried and were slower than the formulation here: zero-
-cost-ish view cycles give the relaxation plateaus of equal cost, and each
-resolve only removes one of very many equivalent cycles.
+Need implications (in :func:`_build`): ``y_c <= y_d`` for every d in
+``need(c)`` (only the Hasse pairs of that partial order, and not where c has
+a single node with child d: already implied), and ``y_d = 1`` for d in the
+need set of a root. These are valid for every acyclic program, so optimality
+is unchanged. They fix the main LP weakness on multi-task models: a class
+that every alternative of its user shares was paid only at the weight of one
+alternative (the LP takes the max over users, not the sum).
+
+Measured (``python -m benchmarks.bench_extractors --models``, 2 shared
+cores): root LP bound / greedy cost, in units of the smallest cost, before ->
+after the need rows: mmoe 1,636 -> 125,259 / 194,436; ple 1,636 -> 197,227 /
+378,282; demo 7,008 -> 7,018 / 31,574; dynamic_schema 16,320 -> 16,972 /
+247,780. At the 10 s limit the gap went from 0.32 to about 0.2 on mmoe and
+from 0.48 to 0.21-0.24 on ple (better programs found too); demo (0.44) and
+dynamic_schema (0.90) are unchanged and none of the four is proven optimal.
+dlrm, deepfm, dcnv2, transformer, split_cat_chain(1000) stay proven in
+< 0.5 s.
+
+Why the bound stays weak on demo / dynamic_schema (measured, not fixed):
+
+* the plain DAG model without any acyclicity rows solves in 0.2-0.6 s but
+  to a cyclic program of 2-8 % of the greedy cost (demo 6,277, mmoe 2,506):
+  cycles through views and lists (x = cat([slice(x), slice(x)]),
+  reshape families where each view class is a reshape of every other, and
+  ``cat([x]) = x``) justify whole models;
+* with the big-M order rows the LP sets cycle edges to 1 - 1/M (M = size
+  of the strongly connected component: 457 on demo, 93-204 elsewhere), so
+  the real exit is paid about 1/M;
+* exit cuts ``y_c <= sum of x over nodes of S with no child in S``
+  separated on the LP solution (SCCs of its support at several thresholds,
+  or min cuts from each class to the leaves in a flow network of the
+  component) are violated and valid, but each round removes one of very
+  many equivalent view cycles: demo's LP went 7,018 -> 9,438 in 50 rounds
+  and 11,000 cuts (300 s), mmoe's did not move (125,259 -> 125,275). Not kept;
+* a lazy cycle-cut loop (solve without order constraints, add exit cuts for
+  the cycles of the chosen program, resolve) and a big-M order region grown
+  from the cycles found were both slower than the formulation here: mmoe
+  reached 140,334 after 55 integer resolves (112 s), demo 8,832 after 31.
+
+The e-graphs then changed under us (rewrites edited concurrently): on the
+e-graphs of the same command a little later (demo 839 classes / 2,949
+reduced nodes, mmoe 483/681, ple 1,002/1,543, dynamic_schema 1,103/2,042),
+without -> with the need rows: mmoe proven in 0.40 -> 0.25 s, ple proven in
+1.61 -> 2.84 s, demo gap 0.40 -> 0.44 (worse incumbent at the limit),
+dynamic_schema 0.187 either way. So the rows are an option
+(``need_rows_max_nodes``), off by default.
+
+What is left after the need rows is the DAG-sharing weakness itself
+(fractional choices among batched alternatives that reconverge on the same
+classes); closing it needs branching, which HiGHS does not finish in 10 s.
 """
 
 from __future__ import annotations
@@ -99,6 +143,32 @@ def _needs(cg: CompactGraph) -> list[int | None]:
     return need
 
 
+def _need_pairs(cg: CompactGraph, need: list[int | None]) -> list[tuple[int, int]]:
+    """(c, d) with d in need(c), d != c, not implied through another e in need(c) (Hasse pairs).
+
+    ``need`` is a strict partial order on classes with acyclic terms (d in
+    need(c) and c in need(d) would put c strictly inside its own term), so
+    ``y_c <= y_d`` over these pairs implies it for every d in need(c).
+    """
+    pairs: list[tuple[int, int]] = []
+    for c, v in enumerate(need):
+        if v is None:
+            continue
+        v &= ~(1 << c)
+        cover, m = 0, v
+        while m:
+            low = m & -m
+            d = low.bit_length() - 1
+            m ^= low
+            cover |= need[d] & ~low  # type: ignore[operator]
+        m = v & ~cover
+        while m:
+            low = m & -m
+            pairs.append((c, low.bit_length() - 1))
+            m ^= low
+    return pairs
+
+
 def _dominated(cg: CompactGraph, keep: list[bool], max_nodes: int = 256) -> None:
     """Clear ``keep`` for nodes dominated by a no-costlier node with a subset of their children."""
     cost, children = cg.node_cost, cg.node_children
@@ -147,7 +217,7 @@ def _restrict(cg: CompactGraph, keep: list[bool]) -> CompactGraph:
     return sub
 
 
-def _build(cg: CompactGraph) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
+def _build(cg: CompactGraph, need_rows: bool = True) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
     """Objective, integrality, bounds, constraints and the number of x vars."""
     comps, cyclic, labels = cg.components()
     n_x, n_c = cg.n_nodes, cg.n_classes
@@ -168,6 +238,18 @@ def _build(cg: CompactGraph) -> tuple[np.ndarray, np.ndarray, Bounds, LinearCons
             vals.append(v)
         lo.append(lb)
         hi.append(ub)
+
+    # Need implications: every acyclic term of c contains d, so y_c <= y_d
+    # (and classes every root needs are fixed to 1). Without them the LP pays
+    # a class that all alternatives of its user share only fractionally.
+    need = _needs(cg)
+    for c, d in _need_pairs(cg, need) if need_rows else ():
+        if len(cg.class_nodes[c]) == 1 and d in cg.node_children[cg.class_nodes[c][0]]:
+            continue  # already implied by x_n <= y_d
+        row([(n_x + c, 1.0), (n_x + d, -1.0)], -np.inf, 0.0)
+    forced = 0
+    for r in cg.roots:
+        forced |= need[r] or 0
 
     self_loops: list[int] = []
     inner: dict[tuple[int, int], list[int]] = {}  # (class, child) in one component -> nodes
@@ -207,6 +289,10 @@ def _build(cg: CompactGraph) -> tuple[np.ndarray, np.ndarray, Bounds, LinearCons
     integrality[: n_x + n_c] = 1
     lb = np.zeros(n_var)
     lb[[n_x + r for r in cg.roots]] = 1.0
+    while forced:
+        low = forced & -forced
+        lb[n_x + low.bit_length() - 1] = 1.0
+        forced ^= low
     ub = np.ones(n_var)
     ub[self_loops] = 0.0
     for c, j in t_index.items():
@@ -235,13 +321,22 @@ class IlpExtractor:
     slices: 54 s in presolve, 2.9 s without it), while chains of cycles need
     it (10,000-node split/cat chain: 2.9 s with, over 20 s without). So it is
     switched off when a class has more than ``presolve_max_users`` users.
+
+    ``need_rows_max_nodes`` (default 0 = off): the need-implication rows
+    (module doc) are added only up to this many reduced e-nodes. Off by
+    default because on the current pipeline e-graphs they did not pay (module
+    doc); 20,000 is a sensible value to try. On split_cat_chain(10000) (38,552
+    reduced nodes) they do not move the LP bound and made HiGHS overrun a 10 s
+    limit by 4.5 s instead of 0.6 s. Root needs are fixed to 1 regardless.
     """
 
     name = "ilp"
 
     def __init__(self, time_limit: float = 10.0, mip_rel_gap: float = 1e-6,
-                 presolve: bool | None = None, presolve_max_users: int = 2000) -> None:
+                 presolve: bool | None = None, presolve_max_users: int = 2000,
+                 need_rows_max_nodes: int = 0) -> None:
         self.time_limit = time_limit
+        self.need_rows_max_nodes = need_rows_max_nodes
         self.mip_rel_gap = mip_rel_gap
         self.presolve = presolve
         self.presolve_max_users = presolve_max_users
@@ -266,7 +361,9 @@ class IlpExtractor:
 
         cg = reduce_for_ilp(cg)
         info.update(ilp_classes=cg.n_classes, ilp_nodes=cg.n_nodes, reduce_s=time.perf_counter() - t0)
-        objective, integrality, bounds, constraints, n_x = _build(cg)
+        need_rows = cg.n_nodes <= self.need_rows_max_nodes
+        objective, integrality, bounds, constraints, n_x = _build(cg, need_rows)
+        info["need_rows"] = need_rows
         positive = objective[objective > 0]
         unit = float(positive.min()) if positive.size else 1.0
         objective = objective / unit  # HiGHS tolerances are absolute: keep costs O(1) and up

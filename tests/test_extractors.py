@@ -374,3 +374,91 @@ def test_reduce_for_ilp_is_exact_on_random_graphs() -> None:
         assert brute_force(masked) == pytest.approx(optimum)
         checked += 1
     assert checked >= 60
+
+
+# ------------------------------------------------------- ILP strengthening
+
+def _shared_expensive_child() -> ExtractionGraph:
+    """T = {t1(R) 0, t2(F) 100}; R = {a(P) 0, b(Q) 0}; P = {p(E) 0}; Q = {q(E) 0}; E = {e 10}; F = {f 0}.
+
+    Every term of R contains E, so y_R <= y_E. Without that row the LP pays
+    E only as much as P or Q is used (R split half/half between a and b).
+    """
+    T, R, P, Q, E, F = range(6)
+    classes = [
+        [N("t1", R, cost=0), N("t2", F, cost=100)],
+        [N("a", P, cost=0), N("b", Q, cost=0)],
+        [N("p", E, cost=0)],
+        [N("q", E, cost=0)],
+        [N("e", cost=10)],
+        [N("f", cost=0)],
+    ]
+    return ExtractionGraph(classes, [T])
+
+
+def test_need_pairs_are_the_hasse_diagram_of_need() -> None:
+    from optimus_eqsat.extract.ilp import _need_pairs, _needs
+
+    g = _shared_expensive_child()
+    cg = compact(g)
+    need = _needs(cg)
+    orig = cg.class_orig
+    pairs = {(orig[c], orig[d]) for c, d in _need_pairs(cg, need)}
+    # R needs E (through either P or Q); P and Q need E; T needs nothing but
+    # itself (t2 avoids R). (R, E) is not implied by a class in between.
+    assert pairs == {(1, 4), (2, 4), (3, 4)}
+
+
+def test_need_rows_tighten_the_lp_relaxation() -> None:
+    import numpy as np
+    from scipy.optimize import milp
+
+    from optimus_eqsat.extract.ilp import _build, reduce_for_ilp
+
+    g = _shared_expensive_child()
+    cg = reduce_for_ilp(compact(g))
+    values = {}
+    for rows in (False, True):
+        objective, integrality, bounds, constraints, _ = _build(cg, need_rows=rows)
+        lp = milp(objective, integrality=np.zeros_like(integrality), bounds=bounds, constraints=constraints)
+        values[rows] = lp.fun
+    # The optimum is 10 (T -> R -> P -> E). With y_R <= y_E the LP relaxation
+    # reaches it; without, R can split between a and b at 1/2 and pay E 1/2.
+    assert values[True] == pytest.approx(10.0)
+    assert values[False] < 10.0 - 1e-6
+    ilp = get_extractor("ilp", need_rows_max_nodes=10_000).extract(g)
+    assert ilp.cost == 10.0 and ilp.optimal and ilp.info["need_rows"]
+
+
+def test_root_needs_are_fixed() -> None:
+    from optimus_eqsat.extract.ilp import _build
+
+    # Root R = {a(P), b(Q)}, both need E: y_E has lower bound 1.
+    g = _shared_expensive_child()
+    g = ExtractionGraph(g.classes, [1])
+    cg = compact(g)
+    _, _, bounds, _, n_x = _build(cg)
+    e = cg.class_orig.index(4)
+    assert bounds.lb[n_x + e] == 1.0
+    assert get_extractor("ilp").extract(g).cost == 10.0
+
+
+def test_random_graphs_ilp_with_and_without_need_rows_agree() -> None:
+    from optimus_eqsat.extract.ilp import IlpExtractor
+
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(120):
+        g = random_graph(rng, max_classes=6)
+        optimum = brute_force(g)
+        if optimum == INF:
+            continue
+        with_rows = IlpExtractor(need_rows_max_nodes=10_000).extract(g)
+        without = IlpExtractor(need_rows_max_nodes=-1).extract(g)
+        if "need_rows" in with_rows.info:  # the ILP ran (greedy did not meet the trivial bound)
+            assert with_rows.info["need_rows"] and not without.info["need_rows"]
+        check(g, with_rows)
+        assert with_rows.cost == pytest.approx(optimum) == without.cost
+        assert with_rows.optimal
+        checked += 1
+    assert checked >= 50
