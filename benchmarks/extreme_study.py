@@ -32,11 +32,14 @@ from benchmarks.methods import OPTIMUS_PRE_GRAD
 from benchmarks.zoo.dynamic_schema import DynamicSchema
 from benchmarks.zoo import MODELS
 from optimus_eqsat import optimize_graph
+from optimus_eqsat.extract.freezing import fold_parameters
 from optimus_eqsat.extract.fx_cost import predicted_launches
 
 COLUMNS = ("features", "fx_nodes", "launches_default", "launches_inductor_optimus", "launches_optimus_eqsat",
-           "reduction_inductor_optimus", "reduction_optimus_eqsat", "inductor_passes_s", "optimus_eqsat_s",
+           "reduction_inductor_optimus", "reduction_optimus_eqsat", "frozen_default", "frozen_inductor_optimus",
+           "frozen_optimus_eqsat", "frozen_reduction_optimus_eqsat", "inductor_passes_s", "optimus_eqsat_s",
            "eqsat_stop", "eqsat_fell_back")
+TRAIN_COLUMNS = ("train_default", "train_inductor_optimus", "train_optimus_eqsat", "train_reduction_optimus_eqsat")
 
 
 def dynamo_graph(model: torch.nn.Module, inputs: tuple) -> tuple[torch.fx.GraphModule, list]:
@@ -66,7 +69,27 @@ def inductor_optimus(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[to
     return out, time.perf_counter() - start
 
 
-def study(features: int, profile: str) -> dict[str, object]:
+def training_launches(gm: torch.fx.GraphModule, example_inputs: list, profile: str) -> int:
+    """Predicted launches of one training step: AOTAutograd's forward plus backward graph
+    (Inductor's partitioner), parameters requiring gradients as in training."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(g: torch.fx.GraphModule, _inputs: list):
+        graphs.append(g)
+        return make_boxed_func(g.forward)
+
+    compiled = aot_module_simplified(gm, example_inputs, fw_compiler=capture, bw_compiler=capture,
+                                     partition_fn=min_cut_rematerialization_partition)
+    out = compiled(*example_inputs)
+    sum(o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+    return sum(predicted_launches(g, profile=profile) for g in graphs)
+
+
+def study(features: int, profile: str, training: bool = False) -> dict[str, object]:
     spec = MODELS["dynamic_schema"]
     torch.manual_seed(0)
     model = DynamicSchema(num_features=features).eval()
@@ -83,7 +106,16 @@ def study(features: int, profile: str) -> dict[str, object]:
     report = ours.meta["optimus_eqsat"]
     launches_theirs = predicted_launches(theirs, profile=profile)
     launches_ours = predicted_launches(ours, profile=profile)
-    return {
+    frozen = [predicted_launches(fold_parameters(g, example_inputs), profile=profile) for g in (gm, theirs, ours)]
+    row: dict[str, object] = {
+        "frozen_default": frozen[0], "frozen_inductor_optimus": frozen[1], "frozen_optimus_eqsat": frozen[2],
+        "frozen_reduction_optimus_eqsat": round(frozen[0] / max(frozen[2], 1), 1),
+    }
+    if training:
+        train = [training_launches(g, example_inputs, profile) for g in (gm, theirs, ours)]
+        row.update(train_default=train[0], train_inductor_optimus=train[1], train_optimus_eqsat=train[2],
+                   train_reduction_optimus_eqsat=round(train[0] / max(train[2], 1), 1))
+    return row | {
         "features": features, "fx_nodes": len(gm.graph.nodes), "launches_default": default,
         "launches_inductor_optimus": launches_theirs, "launches_optimus_eqsat": launches_ours,
         "reduction_inductor_optimus": round(default / max(launches_theirs, 1), 1),
@@ -97,24 +129,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--features", default="20,100,500")
     parser.add_argument("--profile", default="h100")
+    parser.add_argument("--training", default="",
+                        help="feature counts (comma-separated) that also get the training-step columns")
     parser.add_argument("--out", default="benchmarks/results/extreme")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    training = {int(f) for f in args.training.split(",") if f}
+    columns = COLUMNS + (TRAIN_COLUMNS if training else ())
     rows = []
-    print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns), flush=True)
     for features in (int(f) for f in args.features.split(",")):
-        rows.append(study(features, args.profile))
-        print("| " + " | ".join(str(rows[-1][c]) for c in COLUMNS) + " |", flush=True)
+        rows.append(study(features, args.profile, training=features in training))
+        print("| " + " | ".join(str(rows[-1].get(c, "")) for c in columns) + " |", flush=True)
     with open(out / "extreme_study.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS)
+        writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows(rows)
-    table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    table += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    table += ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows]
+    command = f"python -m benchmarks.extreme_study --features {args.features} --profile {args.profile}"
+    if training:
+        command += f" --training {args.training}"
     (out / "extreme_study.md").write_text(
-        f"# Extreme-graph study (predicted {args.profile} launches, inference forward)\n\n"
-        f"Command: `python -m benchmarks.extreme_study --features {args.features} --profile {args.profile}`\n\n"
+        f"# Extreme-graph study (predicted {args.profile} launches)\n\n"
+        f"Command: `{command}`\n\n"
+        "Columns: `launches_*` inference forward as compiled; `frozen_*` the same with parameters "
+        "frozen (parameter-only work such as weight stacking constant-folded, as Inductor's "
+        "`freezing=True` does); `train_*` one training step (AOTAutograd forward + backward graphs).\n\n"
         + "\n".join(table) + "\n")
     return 0
 

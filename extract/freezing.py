@@ -1,0 +1,90 @@
+"""Fold parameter-only computations into constants, as Inductor's freezing does.
+
+For inference with ``torch._inductor.config.freezing = True``, Inductor treats
+parameters as constants and constant-folds every computation that reads only
+parameters (and other constants): a ``torch.cat`` that stacks the weights of
+batched linears then costs nothing per call. Our optimizer's batched programs
+(and Inductor's own batch fusions) stack parameters, so a launch count that
+ignores freezing overstates the cost of both for frozen inference.
+
+:func:`fold_parameters` computes those subgraphs once and returns a graph in
+which they are ``get_attr`` constants, so any launch predictor
+(``extract.fx_cost.predict_kernels``) sees what a frozen compile runs.
+
+    >>> folded = fold_parameters(gm, example_inputs)
+    >>> predicted_launches(folded)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+__all__ = ["fold_parameters", "parameter_placeholders"]
+
+# Ops whose output is not a pure function of their inputs: never folded.
+_IMPURE = {"dropout", "rand", "randn", "rand_like", "randn_like", "bernoulli", "normal", "uniform"}
+
+
+def parameter_placeholders(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> set[fx.Node]:
+    """Placeholders whose example input is an ``nn.Parameter`` (Dynamo lifts parameters to inputs)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {n for n, v in zip(placeholders, example_inputs) if isinstance(v, torch.nn.Parameter)}
+
+
+def _impure(node: fx.Node) -> bool:
+    name = getattr(node.target, "__name__", str(node.target))
+    return node.op in ("call_module", "output", "placeholder") or any(word in name for word in _IMPURE) \
+        or name.endswith("_") and not name.endswith("__")
+
+
+def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """A copy of ``gm`` with every node computed from parameters alone replaced by a constant.
+
+    Parameters are the placeholders whose example input is an ``nn.Parameter``
+    and the module's own ``get_attr`` tensors. Views of a single parameter stay
+    as they are (they launch nothing anyway). The input graph is untouched.
+    """
+    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    placeholders = [n for n in out.graph.nodes if n.op == "placeholder"]
+    values: dict[fx.Node, Any] = {}
+    for node, value in zip(placeholders, example_inputs):
+        if isinstance(value, torch.nn.Parameter):
+            values[node] = value.detach()
+    for node in out.graph.nodes:
+        if node.op == "get_attr":
+            values[node] = getattr(out, node.target) if isinstance(node.target, str) else None
+            continue
+        if node.op != "call_function" and node.op != "call_method" or _impure(node):
+            continue
+        inputs = node.all_input_nodes
+        if not inputs or not all(a in values for a in inputs):
+            continue
+        args = fx.node.map_arg(node.args, values.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, values.__getitem__)
+        with torch.no_grad():
+            if node.op == "call_function":
+                values[node] = node.target(*args, **kwargs)
+            else:
+                values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+    # Replace the outermost folded values: those with a user that is not folded.
+    count = 0
+    for node in list(out.graph.nodes):
+        if node not in values or node.op in ("placeholder", "get_attr"):
+            continue
+        value = values[node]
+        if not isinstance(value, torch.Tensor) or all(u in values for u in node.users):
+            continue
+        name = f"_frozen_{count}"
+        count += 1
+        out.register_buffer(name, value.contiguous())
+        with out.graph.inserting_before(node):
+            const = out.graph.get_attr(name)
+        const.meta = dict(node.meta)
+        node.replace_all_uses_with(const)
+    out.graph.eliminate_dead_code()
+    out.recompile()
+    return out
