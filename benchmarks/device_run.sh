@@ -4,7 +4,7 @@
 #   OUT=benchmarks/results/gpu bash benchmarks/device_run.sh
 #
 # Wheels in .whl/ (egglog and what it imports, for a machine without a package
-# registry) are installed first when present. Every step has its own time limit
+# registry) are installed first when egglog is missing. Every step has its own time limit
 # and appends to its own file, so a step that runs long loses only itself.
 # DEVICE=cpu dry-runs the same steps on a machine without a GPU (gpu_check then
 # only reports that there is no CUDA device).
@@ -14,7 +14,7 @@ DEVICE=${DEVICE:-cuda}
 MODELS=${MODELS:-mmoe ple dlrm dynamic_schema transformer deepfm dcnv2}
 STEP_S=${STEP_S:-75}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
+if ! python3 -c "import egglog" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD

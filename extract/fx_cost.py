@@ -139,6 +139,10 @@ POINTWISE_OPS = frozenset({
     "threshold_backward", "sigmoid_backward", "tanh_backward", "gelu_backward",
     "silu_backward", "native_dropout_backward", "hardswish_backward",
     "leaky_relu_backward", "_native_batch_norm_legit_no_training",
+    # backward-graph fills and scatters into views: Inductor decomposes them
+    # (slice_backward = new_zeros + slice_scatter) into masked pointwise code
+    "new_zeros", "new_ones", "new_full", "new_empty", "empty", "empty_like",
+    "slice_backward", "select_backward", "slice_scatter", "select_scatter",
 })
 
 REDUCTION_OPS = frozenset({
