@@ -9,7 +9,7 @@ For several groups of linears with different shapes (fp32 and bf16):
 - CUDA kernels launched per call, counted with ``torch.profiler`` (the claim:
   one launch for the forward, one for the backward);
 - time per call (``triton.testing.do_bench``, median) against the ``F.linear``
-  loop, as a ratio.
+  loop, as a ratio, and the host time per call (Python and dispatch) of each.
 
 Run by benchmarks/device_run.sh on a CUDA machine; exits non-zero if a check fails.
 """
@@ -55,6 +55,19 @@ def _kernels(fn) -> int:
                and "Memset" not in e.name)
 
 
+def _host_ms(fn, calls: int = 20) -> float:
+    """Host time per call (launch-side Python and dispatch, without waiting for the GPU)."""
+    import time
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) / calls
+    torch.cuda.synchronize()
+    return 1e3 * host
+
+
 def check(name: str, shapes, dtype: torch.dtype) -> dict[str, object]:
     from triton.testing import do_bench
 
@@ -76,6 +89,7 @@ def check(name: str, shapes, dtype: torch.dtype) -> dict[str, object]:
         loop_fwd = lambda: [F.linear(x, w, b) for x, w, b in zip(xs0, ws0, bs0)]  # noqa: E731
         launches_fused, launches_loop = _kernels(fused_fwd), _kernels(loop_fwd)
         t_fused, t_loop = do_bench(fused_fwd), do_bench(loop_fwd)
+        host_fused, host_loop = _host_ms(fused_fwd), _host_ms(loop_fwd)
 
     def fused_bwd():
         torch.autograd.grad(grouped_linear(xs, ws, bs), [*xs, *ws, *bs], grads_out)
@@ -91,6 +105,7 @@ def check(name: str, shapes, dtype: torch.dtype) -> dict[str, object]:
         "fwd_kernels_grouped": launches_fused, "fwd_kernels_loop": launches_loop,
         "fwd_ms_grouped": round(t_fused, 4), "fwd_ms_loop": round(t_loop, 4),
         "fwd_speedup": round(t_loop / t_fused, 2),
+        "fwd_host_ms_grouped": round(host_fused, 4), "fwd_host_ms_loop": round(host_loop, 4),
         "fwd_bwd_ms_grouped": round(tb_fused, 4), "fwd_bwd_ms_loop": round(tb_loop, 4),
         "fwd_bwd_speedup": round(tb_loop / tb_fused, 2),
     }

@@ -93,6 +93,13 @@ class DeviceProfile:
     code between two extern calls lands in one C++ kernel).
     ``bandwidth_efficiency`` is the fraction of peak bandwidth a well-written
     memory-bound kernel reaches.
+    ``grouped_host_s`` / ``grouped_host_s_per_member``: host time of one
+    ``optimus_eqsat::grouped_linear`` call, measured with benchmarks/gpu_check.py
+    on an H200 machine (torch 2.11, triton 3.6, 2026-11-30): 16 members 0.72 ms,
+    300 members 5.6 ms per forward call, host-bound, i.e. about 0.3 ms per call
+    plus 17 us per member (custom-op dispatch of 3N tensors and the Python that
+    fills the kernel's pointer table). They, not its single launch, decide
+    whether the call pays; with them it rarely does.
     """
 
     name: str
@@ -104,6 +111,8 @@ class DeviceProfile:
     bandwidth_efficiency: float = 0.8
     codegen: str = "triton"
     source: str = ""
+    grouped_host_s: float = 3e-4
+    grouped_host_s_per_member: float = 1.7e-5
 
     def launch_s(self, kind: KernelKind) -> float:
         """Fixed cost of launching one kernel of ``kind``."""

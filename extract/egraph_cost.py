@@ -12,8 +12,9 @@ chains. The exact fusion model runs afterwards on the rebuilt FX graph
 
 A grouped linear (batching's group_linear) is priced as what runs: on GPU
 profiles (codegen "triton") the call is one extern launch and each member adds
-its roofline time plus ``GROUPED_HOST_S_PER_MEMBER`` (the host writes one row
-of the kernel's pointer table per member); on the CPU profile the op runs one
+its roofline time plus host time (the profile's ``grouped_host_s`` per call and
+``grouped_host_s_per_member`` per member, measured on an H200: the call is
+host-bound, so on that evidence it rarely beats plain linears); on the CPU profile the op runs one
 ``F.linear`` per member, so each member is a full matmul and the call adds its
 own dispatch on top: there it never beats the plain linears. Packing terms
 (operand chains, getitem of the call's outputs) cost ``VIEW_COST``.
@@ -30,7 +31,6 @@ VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
 FUSED_LAUNCH_SHARE = 0.25
 CAT_LAUNCH_SHARE = 0.5
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
-GROUPED_HOST_S_PER_MEMBER = 2e-7  # host time per member of a grouped call (pointer-table row)
 
 _VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil", "TCons"}
 _ELEMENTWISE = {"Unary", "Binary", "Scalar"}
@@ -89,7 +89,7 @@ class EGraphCost:
         if opkind == "pack":
             return VIEW_COST
         if opkind == "grouped_matmul":
-            return p.launch_s(KernelKind.MATMUL)
+            return p.launch_s(KernelKind.MATMUL) + (p.grouped_host_s if p.codegen == "triton" else 0.0)
         x, w = (self.shapes.get(ch) for ch in node.children[:2])
         rows = _numel(x) // x[-1] if x and x[-1] else 0
         n_out = w[0] if w else 1
@@ -98,7 +98,7 @@ class EGraphCost:
         time = kernel_time(p, KernelKind.MATMUL, moved, flops)
         if p.codegen == "cpp":
             return time  # the CPU fallback: one F.linear per member
-        return time - p.launch_s(KernelKind.MATMUL) + GROUPED_HOST_S_PER_MEMBER
+        return time - p.launch_s(KernelKind.MATMUL) + p.grouped_host_s_per_member
 
     def _matmul_flops(self, c: int, node) -> float:
         """2 * M * N * K from the output shape and the first operand's last dim."""

@@ -203,7 +203,6 @@ OP_KINDS: dict[str, KernelKind] = {
 # predicted as N matmul kernels. See _grouped_linear_kernels.
 GROUPED_OPS = frozenset({"grouped_linear"})
 OP_KINDS.update({n: K.MATMUL for n in GROUPED_OPS})
-GROUPED_HOST_S_PER_MEMBER = 2e-7  # host time per member: one row of the kernel's pointer table
 # Batched embedding's index shift (rewrites/batching.py, shift_segments): elementwise.
 OP_KINDS["shift_segments"] = K.POINTWISE
 
@@ -1011,7 +1010,7 @@ def _grouped_linear_kernels(node: fx.Node, cost: _Costing, prof: DeviceProfile,
                 for i, (nbytes, flops) in enumerate(members)]
     nbytes = sum(m[0] for m in members)
     flops = sum(m[1] for m in members)
-    seconds = prof.launch_s(K.MATMUL) + GROUPED_HOST_S_PER_MEMBER * len(members) + sum(
+    seconds = prof.launch_s(K.MATMUL) + prof.grouped_host_s + prof.grouped_host_s_per_member * len(members) + sum(
         kernel_time(prof, K.MATMUL, m[0], m[1]) - prof.launch_s(K.MATMUL) for m in members)
     return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops, seconds,
                             f"grouped_linear ({len(members)} linears, one launch)")]

@@ -40,7 +40,8 @@ class OptimizeOptions:
         max_iterations, max_enodes, time_limit_s: saturation limits.
         extractor: "auto" (ILP when small enough, else greedy), "greedy" or "ilp".
         ilp_time_limit_s: the ILP's own time limit.
-        profile: device profile of the cost model ("h100", "h200", "a100", "cpu").
+        profile: device profile of the cost model ("h100", "h200", "a100", "cpu"), or a
+            ``DeviceProfile`` (e.g. ``get_profile("h100", launch_overhead_s=3e-6)``).
         raise_on_error: raise instead of falling back to the original graph.
         never_worse: return the original when the cost model predicts the result slower.
         refine_batches: re-extract without each kind of batch and keep the variant the
@@ -59,7 +60,7 @@ class OptimizeOptions:
     time_limit_s: float = Limits.time_limit_s
     extractor: str = "auto"
     ilp_time_limit_s: float = 10.0
-    profile: str = "h100"
+    profile: Any = "h100"  # str or extract.cost_model.DeviceProfile
     raise_on_error: bool = False
     never_worse: bool = True
     refine_batches: bool = True

@@ -10,8 +10,9 @@ scanned:
   function: C++ ``cpp_fused_*`` kernels on CPU, ``@triton.jit`` kernels
   (``triton_*.run(``) on GPU. If no ``call`` function is found the kernel
   definitions are counted instead.
-- *extern* kernels: ``extern_kernels.*(`` calls (mm/addmm/bmm/conv, ...) and
-  aten fallbacks (``torch.ops.aten.X.Y(`` / ``aten.X.Y(``) in ``call``.
+- *extern* kernels: ``extern_kernels.*(`` calls (mm/addmm/bmm/conv, ...),
+  aten fallbacks (``torch.ops.aten.X.Y(`` / ``aten.X.Y(``) and custom-op
+  fallbacks (``torch.ops.ns.op.overload(``, e.g. our grouped linear) in ``call``.
 
 Inductor's own Optimus passes can be switched on with ``fusion_options``
 (``{"batch_linear": {}, "split_cat_pass": {}, ...}``); names are routed to
@@ -60,6 +61,8 @@ _KERNEL_DEF = re.compile(r"^(\w+)\s*=\s*async_compile\.(?:cpp_pybinding|cpp|trit
 _EXTERN_CALL = re.compile(r"\bextern_kernels\.\w+\(")
 # Aten fallbacks; `torch.ops.inductor._alloc_from_pool` etc. are allocations.
 _ATEN_CALL = re.compile(r"(?<![\w.])(?:torch\.ops\.)?aten\.\w+(?:\.\w+)?\(")
+# Custom-op fallbacks (our optimus_eqsat::grouped_linear, any library's op): one launch each.
+_CUSTOM_OP_CALL = re.compile(r"(?<![\w.])torch\.ops\.(?!aten\.|inductor\.|prims\.)\w+\.\w+(?:\.\w+)?\(")
 
 
 def _call_body(code: str) -> str | None:
@@ -89,7 +92,7 @@ def count_kernels_in_code(code: str) -> tuple[int, int]:
     )
     code_lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("#")]
     text = "\n".join(code_lines)
-    extern = len(_EXTERN_CALL.findall(text)) + len(_ATEN_CALL.findall(text))
+    extern = len(_EXTERN_CALL.findall(text)) + len(_ATEN_CALL.findall(text)) + len(_CUSTOM_OP_CALL.findall(text))
     return generated, extern
 
 

@@ -128,11 +128,19 @@ def test_dependent_linears_are_not_batched():
     assert not optimized.meta["optimus_eqsat"].batched.get("batch-linear")
 
 
-def test_same_shape_linears_take_one_grouped_call_on_gpu():
-    """Both alternatives exist; on h100 the grouped call (one launch, no weight stack) wins."""
+def test_same_shape_linears_on_gpu_take_bmm_or_grouped_call_by_host_cost():
+    """Both alternatives exist. With the grouped call's measured host time (h100) the
+    bmm wins; with a negligible host path the grouped call (no weight stack) wins."""
+    from optimus_eqsat.extract.cost_model import get_profile
     from optimus_eqsat.kernels import grouped_linear
 
-    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), profile="h100")
+    measured = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), profile="h100")
+    assert measured.meta["optimus_eqsat"].batched.get("batch-group_linear") == FEATURES
+    assert not any(n.target is grouped_linear for n in measured.graph.nodes)
+    assert op_counts(measured)["linear"] == 0 and op_counts(measured)["matmul"] == 1
+
+    cheap = get_profile("h100", grouped_host_s=0.0, grouped_host_s_per_member=2e-7)
+    optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), profile=cheap)
     report = optimized.meta["optimus_eqsat"]
     assert report.batched.get("batch-linear") == FEATURES and report.batched.get("batch-group_linear") == FEATURES
     assert sum(n.target is grouped_linear for n in optimized.graph.nodes) == 1

@@ -1,7 +1,11 @@
 """Batching linears of different shapes into one grouped-GEMM call (issue #4, group_linear).
 
-The cost model decides: on GPU profiles the grouped call is one extern launch and
-is extracted; on the CPU profile it runs one F.linear per member and never pays.
+The cost model decides. On the CPU profile the call runs one F.linear per
+member and never pays. On GPU profiles it is one launch, but its measured host
+time (cost_model.DeviceProfile.grouped_host_s*, from an H200 run) makes it lose
+to plain linears too; ``CHEAP_HOST`` is an H100 profile whose grouped call has
+a negligible host path (what a C++ dispatcher would give), under which it is
+extracted, so the rewrite, the rebuild and the numerics are still exercised.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from optimus_eqsat import optimize_graph
+from optimus_eqsat.extract.cost_model import get_profile
 from optimus_eqsat.extract.fx_cost import predict_kernels
 from optimus_eqsat.kernels import grouped_linear
 from tests.helpers import assert_same_numerics, op_counts, optimize_and_check
 
 SHAPES = [(8, 3), (16, 5), (4, 7), (8, 2)]  # (in, out) per head: all different
 WIDTH = sum(k for k, _ in SHAPES)
+CHEAP_HOST = get_profile("h100", grouped_host_s=0.0, grouped_host_s_per_member=2e-7)
 
 
 class Heads(nn.Module):
@@ -60,8 +66,14 @@ def grouped_calls(gm: torch.fx.GraphModule) -> int:
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is grouped_linear)
 
 
-def test_different_shapes_become_one_grouped_call_on_gpu_profiles():
+def test_measured_host_time_keeps_plain_linears_on_h100():
     optimized = optimize_and_check(Heads(), torch.randn(4, WIDTH), profile="h100")
+    assert grouped_calls(optimized) == 0
+    assert op_counts(optimized)["linear"] == len(SHAPES)
+
+
+def test_different_shapes_become_one_grouped_call_on_gpu_profiles():
+    optimized = optimize_and_check(Heads(), torch.randn(4, WIDTH), profile=CHEAP_HOST)
     report = optimized.meta["optimus_eqsat"]
     assert report.batched.get("batch-group_linear") == len(SHAPES), report.batched
     assert grouped_calls(optimized) == 1
@@ -69,7 +81,7 @@ def test_different_shapes_become_one_grouped_call_on_gpu_profiles():
     # 4 addmm + 4 sigmoid kernels before; one grouped call + the sigmoids after
     assert report.launches_before == 2 * len(SHAPES)
     assert report.launches_after < report.launches_before
-    kernels = predict_kernels(optimized, (torch.randn(4, WIDTH),), "h100")
+    kernels = predict_kernels(optimized, (torch.randn(4, WIDTH),), CHEAP_HOST)
     assert sum(1 for k in kernels if k.note.startswith("grouped_linear")) == 1
 
 
@@ -82,13 +94,13 @@ def test_grouped_call_is_not_chosen_on_cpu():
 
 
 def test_dependent_linears_are_not_grouped():
-    optimized = optimize_and_check(Chain(), torch.randn(4, 8), profile="h100")
+    optimized = optimize_and_check(Chain(), torch.randn(4, 8), profile=CHEAP_HOST)
     assert grouped_calls(optimized) == 0
     assert not optimized.meta["optimus_eqsat"].batched.get("batch-group_linear")
 
 
 def test_same_shape_prefers_bmm_when_its_stacks_are_free():
-    optimized = optimize_and_check(StackedExperts(), torch.randn(4, 6, 8), profile="h100")
+    optimized = optimize_and_check(StackedExperts(), torch.randn(4, 6, 8), profile=CHEAP_HOST)
     report = optimized.meta["optimus_eqsat"]
     assert report.batched.get("batch-group_linear") == 6 and report.batched.get("batch-linear") == 6
     assert grouped_calls(optimized) == 0 and op_counts(optimized)["matmul"] == 1, dict(op_counts(optimized))
@@ -106,7 +118,7 @@ def test_dynamo_graph_forward_and_gradients():
     torch._dynamo.reset()
     torch.compile(model, backend=backend, fullgraph=True)(x)
     gm, example = captured[0]
-    optimized = optimize_graph(gm, example, profile="h100", raise_on_error=True)
+    optimized = optimize_graph(gm, example, profile=CHEAP_HOST, raise_on_error=True)
     assert grouped_calls(optimized) == 1
     assert not any(n.target is F.linear for n in optimized.graph.nodes)
     # parameters are graph inputs in Dynamo graphs: their gradients are compared too
@@ -120,11 +132,11 @@ def test_grouped_call_is_priced_as_one_launch_on_gpu_and_per_member_on_cpu():
     example = (torch.randn(4, 8), torch.randn(4, 16), torch.randn(2, 3, 4),
                torch.randn(3, 8), torch.randn(5, 16), torch.randn(7, 4), torch.randn(3))
     gm = torch.fx.symbolic_trace(fn)
-    gpu = predict_kernels(gm, example, "h100")
+    gpu = predict_kernels(gm, example, CHEAP_HOST)
     cpu = predict_kernels(gm, example, "cpu")
     assert len(gpu) == 1 and gpu[0].flops == 2.0 * (4 * 3 * 8 + 4 * 5 * 16 + 6 * 7 * 4)
     assert len(cpu) == 3
     plain = torch.fx.symbolic_trace(lambda a, b, c, wa, wb, wc, ba: (F.linear(a, wa, ba), F.linear(b, wb),
                                                                     F.linear(c, wc)))
     assert sum(k.seconds for k in cpu) > sum(k.seconds for k in predict_kernels(plain, example, "cpu"))
-    assert gpu[0].seconds < sum(k.seconds for k in predict_kernels(plain, example, "h100"))
+    assert gpu[0].seconds < sum(k.seconds for k in predict_kernels(plain, example, CHEAP_HOST))

@@ -112,3 +112,16 @@ def test_inductor_optimus_options_apply():
     assert count.total >= 1
     assert counters["inductor"]["batch_relu"] == 1 and counters["inductor"]["batch_tanh"] == 1
     assert torch._inductor.config.pre_grad_fusion_options == {}  # patch undone
+
+
+def test_custom_op_fallbacks_count_as_extern_launches():
+    code = (
+        "triton_poi_fused_0 = async_compile.triton('k')\n"
+        "def call(args):\n"
+        "    buf0 = torch.ops.optimus_eqsat.grouped_linear.default([a, b], [c, d], [e, f])\n"
+        "    buf1 = torch.ops.inductor._alloc_from_pool(x)\n"
+        "    triton_poi_fused_0.run(buf0)\n"
+        "    extern_kernels.mm(a, b, out=c)\n"
+        "    return buf0\n"
+    )
+    assert count_kernels_in_code(code) == (1, 2)  # the grouped call and the mm; not the pool allocation

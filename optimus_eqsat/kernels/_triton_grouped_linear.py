@@ -232,10 +232,10 @@ def grouped_linear_triton(
         return ys
 
     flat = [v for row in rows for v in row] + starts
-    # One packed host->device copy for all per-group metadata.
-    table = torch.tensor(flat, dtype=torch.int64)
-    if device.type != "cpu":
-        table = table.pin_memory().to(device, non_blocking=True)
+    # One packed host->device copy for all per-group metadata. Not through pinned
+    # memory: pinning a fresh buffer on every call cost about half a millisecond on
+    # an H200 (benchmarks/gpu_check.py), far more than this small synchronous copy.
+    table = torch.tensor(flat, dtype=torch.int64, device=device)
 
     allow_tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and device.type == "cuda"
     interpret = interpreter_enabled()
