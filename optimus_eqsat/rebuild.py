@@ -9,7 +9,9 @@ computes the same e-class as an original node takes that node's name and meta
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import operator
 from typing import Any
 
@@ -20,6 +22,8 @@ from .extract.fx_cost import SHAPE_META, TensorInfo, node_tensor_infos
 from .egraph_export import ClassRef, ExportedEGraph, TermNode
 from .translate import VIEW_OPS, Translation
 from .normalize import canonical_name
+
+log = logging.getLogger(__name__)
 
 
 class RebuildError(RuntimeError):
@@ -258,30 +262,35 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
 
     Uses the example inputs, else the placeholders' own meta. Returns False
     (leaving meta as it is) when neither is available or shapes are symbolic.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+    The result is what FakeTensorProp gives (shapes, dtypes, devices, strides,
+    requires_grad False), computed faster (see ``_fast_meta``), with one
+    difference: placeholders with fake values of their own (Dynamo, export) keep
+    them, and the graph's values stay in that fake mode. FakeTensorProp in a fresh
+    mode is the fallback.
+    """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = list(example_inputs) if example_inputs is not None else [_placeholder_value(n) for n in placeholders]
     if len(values) != len(placeholders):
         return False
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = []
     for v in values:
-        if isinstance(v, torch.Tensor):
-            if not all(isinstance(s, int) for s in v.shape):
-                return False
-            with mode:
-                fakes.append(torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device))
-        elif v is None:
+        if v is None or (isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)):
             return False
-        else:
-            fakes.append(v)
     try:
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
-    except Exception:  # meta is an aid to cost models, never a reason to fail
-        return False
+        vals = _fast_meta(gm, placeholders, values)
+    except Exception as exc:  # meta is an aid: fall back to FakeTensorProp
+        log.debug("optimus_eqsat: fast meta propagation failed (%r); using FakeTensorProp", exc)
+        vals = None
+    if vals is not None:
+        for n, v in vals.items():
+            n.meta["val"] = v
+    else:
+        saved = {n: dict(n.meta) for n in gm.graph.nodes}
+        if not _fake_tensor_prop(gm, values):
+            for n in gm.graph.nodes:  # FakeTensorProp writes as it goes: undo a partial run
+                n.meta.clear()
+                n.meta.update(saved[n])
+            return False
     if any("example_value" in n.meta for n in placeholders):
         # Dynamo graphs keep shapes in "example_value", which Inductor's own
         # pre-grad passes read: new nodes need it, copied nodes need it current.
@@ -289,3 +298,309 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
             if "val" in n.meta:
                 n.meta["example_value"] = n.meta["val"]
     return True
+
+
+def _fake_tensor_prop(gm: torch.fx.GraphModule, values: list[Any]) -> bool:
+    """FakeTensorProp over the whole graph in a fresh mode (the slow, general path)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            with mode:
+                fakes.append(torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device))
+        else:
+            fakes.append(v)
+    try:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    except Exception:  # meta is an aid to cost models, never a reason to fail
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- fast meta propagation
+# Most nodes of a rebuilt graph are views (narrow, reshape, permute, expand,
+# getitem) whose fake value is the view op's meta kernel applied to the input's
+# fake tensor: run that kernel directly (C++, no fake-tensor dispatch) and wrap
+# the result. A node whose copied meta already has exactly the computed
+# metadata keeps its value. Other ops run under the fake mode, as FakeTensorProp
+# runs them. Every value lives in one fake mode: the placeholders' own (Dynamo's,
+# so copied values can be kept) or, without one, a fresh mode.
+
+_VIEW_FUNCTIONS = frozenset({
+    torch.narrow, torch.reshape, torch.permute, torch.transpose, torch.swapaxes, torch.swapdims,
+    torch.squeeze, torch.unsqueeze, torch.flatten, torch.select, torch.t, torch.movedim,
+    torch.split, torch.chunk, torch.unbind, torch.Tensor.view, torch.Tensor.expand, torch.Tensor.reshape,
+})
+_VIEW_METHODS = frozenset({
+    "narrow", "reshape", "view", "permute", "expand", "expand_as", "view_as", "transpose", "swapaxes",
+    "swapdims", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "t", "movedim", "split",
+    "split_with_sizes", "chunk", "unbind", "contiguous", "size", "dim",
+})
+# In-place ops that change a tensor's metadata (values here would alias them).
+_METADATA_MUTATORS = frozenset({
+    "resize_", "resize_as_", "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "set_",
+    "swapdims_", "swapaxes_", "as_strided_scatter_", "_unsafe_set_",
+})
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, str):
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name.split("::")[-1]
+    return getattr(t, "__name__", "")
+
+
+def _basic_index(idx: Any) -> bool:
+    """Indexing that is a view: ints, int slices, None, Ellipsis."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    for i in items:
+        if isinstance(i, slice):
+            if not all(b is None or type(b) is int for b in (i.start, i.stop, i.step)):
+                return False
+        elif not (i is None or i is Ellipsis or type(i) is int):
+            return False
+    return True
+
+
+def _first_fake(args: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    x = args[0]
+    if isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return x if isinstance(x, FakeTensor) else None
+
+
+def _same_device_fakes(xs: Any, mode: Any) -> bool:
+    """A non-empty list of fake tensors of ``mode``, all on one device."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(xs, (list, tuple)) or not xs:
+        return False
+    device = xs[0].fake_device if isinstance(xs[0], FakeTensor) else None
+    return all(isinstance(x, FakeTensor) and x.fake_mode is mode and x.fake_device == device for x in xs)
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for atom in target.split("."):
+        obj = getattr(obj, atom)
+    return obj
+
+
+def _same_meta(old: Any, new: torch.Tensor, device: torch.device, mode: Any) -> bool:
+    """``old`` is a detached fake tensor of ``mode`` with exactly ``new``'s metadata (on ``device``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return (
+        isinstance(old, FakeTensor)
+        and old.fake_mode is mode
+        and old.dtype == new.dtype
+        and old.fake_device == device
+        and not old.requires_grad  # values are detached
+        and old.shape == new.shape
+        and old.stride() == new.stride()
+        and old.storage_offset() == new.storage_offset()
+        and old.layout == new.layout
+    )
+
+
+def _static(t: torch.Tensor) -> bool:
+    return all(type(s) is int for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _placeholder_fakes(placeholders: list[torch.fx.Node], values: list[Any]) -> tuple[Any, list[Any]] | None:
+    """The placeholders' fake values, all from one fake mode, when they fit ``values``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    modes, fakes = set(), []
+    for n, v in zip(placeholders, values):
+        if not isinstance(v, torch.Tensor):
+            if not isinstance(v, (int, float, bool)):
+                return None
+            fakes.append(v)
+            continue
+        fake = v if isinstance(v, FakeTensor) else _placeholder_value(n)
+        if not isinstance(fake, FakeTensor) or fake.layout != torch.strided or not _static(fake):
+            return None  # (symbolic sizes are never compared: that would add guards)
+        if fake is not v and not (
+            fake.shape == v.shape and fake.stride() == v.stride() and fake.dtype == v.dtype and fake.device == v.device
+        ):
+            return None
+        modes.add(fake.fake_mode)
+        fakes.append(fake)
+    if len(modes) != 1:
+        return None
+    return modes.pop(), fakes
+
+
+def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], values: list[Any]) -> dict | None:
+    """Every node's new ``meta["val"]`` (nodes FakeTensorProp would leave alone are
+    absent); None where this graph needs the general path. Writes no meta."""
+    from torch._dispatch.python import no_python_dispatcher
+    from torch._subclasses.fake_impls import fast_detach
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+    from torch.fx.node import map_aggregate, map_arg
+
+    nodes = list(gm.graph.nodes)
+    for n in nodes:
+        if n.op in ("call_function", "call_method") and _target_name(n) in _METADATA_MUTATORS:
+            return None
+        if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator):
+            return None
+    found = _placeholder_fakes(placeholders, values)
+    if found is not None:
+        mode, fakes = found  # kept as they are (parameters: requires_grad, as Dynamo made them)
+    else:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                with mode:
+                    v = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
+            fakes.append(v)
+    if found is not None and mode.shape_env is not None:
+        # Copied values of this mode are compared with new ones: all must be static.
+        for n in nodes:
+            v = _placeholder_value(n)
+            for x in v if isinstance(v, (tuple, list)) else (v,):
+                if isinstance(x, FakeTensor) and x.fake_mode is mode and not _static(x):
+                    return None
+                if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                    return None
+
+    # FakeTensorProp's values are snapshots (detached: requires_grad False). Views run
+    # without grad, so their values are detached already; other ops run as
+    # FakeTensorProp runs them, in the caller's grad mode.
+    def extract(obj: Any) -> Any:  # FakeTensorProp's extract_val
+        if isinstance(obj, FakeTensor):
+            return fast_detach(obj.fake_mode, obj) if obj.requires_grad else obj
+        if isinstance(obj, torch.Tensor):
+            return fast_detach(mode, mode.from_tensor(obj, static_shapes=True))
+        if isinstance(obj, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+            return obj
+        return None
+
+    env: dict[torch.fx.Node, Any] = {}
+    vals: dict[torch.fx.Node, Any] = {}
+    lookup = env.__getitem__
+    next_placeholder = iter(fakes)
+    kernel_mode = None  # entered around runs of view nodes
+
+    def enter_kernel() -> None:
+        nonlocal kernel_mode
+        if kernel_mode is None:
+            kernel_mode = contextlib.ExitStack()
+            kernel_mode.enter_context(torch.no_grad())  # values are detached: no autograd
+            kernel_mode.enter_context(no_python_dispatcher())
+            kernel_mode.enter_context(in_kernel_invocation_manager(mode))
+            kernel_mode.enter_context(torch._C.DisableTorchFunctionSubclass())
+
+    def leave_kernel() -> None:
+        nonlocal kernel_mode
+        if kernel_mode is not None:
+            kernel_mode, stack = None, kernel_mode
+            stack.close()
+
+    try:
+        for n in nodes:
+            op = n.op
+            if op == "placeholder":
+                env[n] = v = next(next_placeholder)
+                vals[n] = v if isinstance(v, FakeTensor) else extract(v)  # a placeholder's own: kept
+                continue
+            if op == "output":
+                leave_kernel()
+                vals[n] = map_aggregate(map_arg(n.args[0], lookup), extract)
+                continue
+            if op == "get_attr":
+                leave_kernel()
+                real = _fetch_attr(gm, n.target)
+                if isinstance(real, torch.Tensor):
+                    env[n] = fake = real if isinstance(real, FakeTensor) else mode.from_tensor(real, static_shapes=True)
+                    val = extract(fake)
+                    old = _placeholder_value(n)
+                    vals[n] = old if _same_meta(old, val, val.fake_device, mode) else val
+                else:
+                    env[n] = real
+                continue
+            args = map_arg(n.args, lookup)
+            kwargs = map_arg(n.kwargs, lookup)
+            target = n.target
+            view = False
+            if op == "call_function":
+                if target is operator.getitem:
+                    base = args[0]
+                    if isinstance(base, (tuple, list)):
+                        result = base[args[1]]
+                        env[n] = result
+                        old = _placeholder_value(n)
+                        if isinstance(result, FakeTensor) and _same_meta(old, result, result.fake_device, mode):
+                            vals[n] = old
+                        else:
+                            leave_kernel()
+                            vals[n] = map_aggregate(result, extract)
+                        continue
+                    view = isinstance(base, FakeTensor) and _basic_index(args[1]) and not kwargs
+                    fn = torch.Tensor.__getitem__
+                elif target is torch.cat and len(args) + len(kwargs) <= 2 and set(kwargs) <= {"dim"}:
+                    view = _same_device_fakes(args[0], mode)  # cat's meta kernel is what fake mode runs
+                    fn = target
+                else:
+                    view = target in _VIEW_FUNCTIONS
+                    fn = target
+            elif op == "call_method":
+                view = target in _VIEW_METHODS
+                fn = getattr(torch.Tensor, target) if view else None
+            if view and (first := _first_fake(args)) is not None and first.fake_mode is mode:
+                device = first.fake_device
+                enter_kernel()
+                out = fn(*args, **kwargs)
+                old = _placeholder_value(n)
+                if isinstance(out, torch.Tensor):
+                    if isinstance(out, FakeTensor):  # an input returned as it is
+                        env[n] = out
+                        leave_kernel()
+                        vals[n] = extract(out)
+                        continue
+                    if _same_meta(old, out, device, mode):
+                        result = old
+                    else:
+                        result = FakeTensor(mode, out, device, requires_grad=False)
+                    env[n] = vals[n] = result
+                elif isinstance(out, (tuple, list)):
+                    if not all(isinstance(o, torch.Tensor) and not isinstance(o, FakeTensor) for o in out):
+                        raise RuntimeError(f"unexpected view result of {n.format_node()}")
+                    result = type(out)(FakeTensor(mode, o, device, requires_grad=False) for o in out)
+                    env[n] = vals[n] = result
+                else:  # size(), dim()
+                    env[n] = out
+                    vals[n] = map_aggregate(out, extract)
+                continue
+            leave_kernel()
+            with mode:
+                if op == "call_function":
+                    result = target(*args, **kwargs)
+                elif op == "call_method":
+                    result = getattr(args[0], target)(*args[1:], **kwargs)
+                elif op == "call_module":
+                    result = gm.get_submodule(target)(*args, **kwargs)
+                else:
+                    raise RuntimeError(f"unknown node op {op}")
+            env[n] = result
+            if mode.shape_env is not None and not all(
+                _static(x) if isinstance(x, torch.Tensor) else not isinstance(x, torch.SymInt)
+                for x in (result if isinstance(result, (tuple, list)) else (result,))
+            ):
+                raise RuntimeError(f"symbolic result of {n.format_node()}")  # FakeTensorProp handles these
+            val = map_aggregate(result, extract)
+            if val is not None:
+                vals[n] = val
+    finally:
+        leave_kernel()
+    return vals
