@@ -249,7 +249,7 @@ class OptimizationRun:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.
             with _phase(report, "batch"):
-                self.batches = rewrites.batching.batch_facts(t)
+                self.batches = rewrites.batching.batch_facts(t, opts.profile)
                 report.batched = self.batches.members
                 self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
             if self.batches.facts:

@@ -6,8 +6,10 @@ from typing import Callable, Iterable
 
 # egglog's parser recurses per nesting level: 1,000 nested list cells parse in
 # 0.2 s, 5,000 in 4.5 s, 20,000 crash the process. Longer lists are chained
-# through named cells (LId) of at most this many members each.
-MAX_INLINE_LIST = 64
+# through named cells (LId) of at most this many members each. Loading costs
+# per cell grow with the nesting too: 0.24 ms a cell in chunks of 64, 0.1 ms in
+# chunks of 16 (batching's stacks of the 300-feature extreme graph).
+MAX_INLINE_LIST = 16
 
 
 def vec(values: Iterable[int]) -> str:

@@ -472,8 +472,27 @@ class Batches:
     groups: list[tuple[int, list[int]]]  # (batched term id, member node ids)
 
 
-def batch_facts(t: Translation) -> Batches:
-    """Facts adding one batched alternative per group, with what they batch."""
+def group_linear_can_pay(profile: Any, n: int) -> bool:
+    """Whether one grouped call for ``n`` linears can cost less than their ``n`` launches
+    under ``profile`` (None: assume it can). A necessary condition only, checked before
+    building: the measured host time of the call makes it fail on the shipped GPU
+    profiles, and the CPU fallback runs every member anyway."""
+    if profile is None:
+        return True
+    from ..extract.cost_model import KernelKind, get_profile
+
+    p = get_profile(profile)
+    if p.codegen != "triton":
+        return False
+    return p.grouped_host_s + n * p.grouped_host_s_per_member < (n - 1) * p.launch_s(KernelKind.MATMUL)
+
+
+def batch_facts(t: Translation, profile: Any = None) -> Batches:
+    """Facts adding one batched alternative per group, with what they batch.
+
+    ``profile`` (a cost-model profile or its name) lets kinds that cannot pay on
+    that device be skipped before they are built (group_linear); None builds all.
+    """
     keyed: dict[tuple, list[Candidate]] = defaultdict(list)
     for i, term in t.terms.items():
         candidate = parse_candidate(i, term)
@@ -492,6 +511,8 @@ def batch_facts(t: Translation) -> Batches:
         kind = key[0] if key[0] in _BUILDERS else "elementwise"
         for group in independent_groups(members, ancestors):
             if len(group) >= MIN_GROUP:
+                if kind == "group_linear" and not group_linear_can_pay(profile, len(group)):
+                    continue
                 built = len(builder.outputs)
                 _BUILDERS.get(kind, _batch_elementwise)(builder, group)
                 if len(builder.outputs) == built:

@@ -129,13 +129,14 @@ def test_dependent_linears_are_not_batched():
 
 
 def test_same_shape_linears_on_gpu_take_bmm_or_grouped_call_by_host_cost():
-    """Both alternatives exist. With the grouped call's measured host time (h100) the
-    bmm wins; with a negligible host path the grouped call (no weight stack) wins."""
+    """With the grouped call's measured host time (h100) it cannot pay, is not even
+    built, and the bmm wins; with a negligible host path both alternatives exist and
+    the grouped call (no weight stack) wins."""
     from optimus_eqsat.extract.cost_model import get_profile
     from optimus_eqsat.kernels import grouped_linear
 
     measured = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), profile="h100")
-    assert measured.meta["optimus_eqsat"].batched.get("batch-group_linear") == FEATURES
+    assert "batch-group_linear" not in measured.meta["optimus_eqsat"].batched  # cannot pay: not built
     assert not any(n.target is grouped_linear for n in measured.graph.nodes)
     assert op_counts(measured)["linear"] == 0 and op_counts(measured)["matmul"] == 1
 
@@ -150,3 +151,14 @@ def test_same_shape_linears_on_gpu_take_bmm_or_grouped_call_by_host_cost():
 def test_batching_can_be_switched_off():
     optimized = optimize_and_check(Towers(), *inputs((4, FEATURES * WIDTH)), rulesets=("splitcat",))
     assert op_counts(optimized)["linear"] == FEATURES
+
+
+def test_group_linear_is_built_only_where_it_can_pay():
+    from optimus_eqsat.extract.cost_model import get_profile
+    from optimus_eqsat.rewrites.batching import group_linear_can_pay
+
+    assert group_linear_can_pay(None, 2)
+    assert not group_linear_can_pay("cpu", 100)  # the fallback runs every member
+    assert not group_linear_can_pay("h100", 100)  # 0.3 ms + 17 us a member > 99 launches
+    cheap = get_profile("h100", grouped_host_s=0.0, grouped_host_s_per_member=2e-7)
+    assert group_linear_can_pay(cheap, 2) and group_linear_can_pay(cheap, 1000)

@@ -88,7 +88,7 @@ def test_different_shapes_become_one_grouped_call_on_gpu_profiles():
 def test_grouped_call_is_not_chosen_on_cpu():
     optimized = optimize_and_check(Heads(), torch.randn(4, WIDTH), profile="cpu")
     report = optimized.meta["optimus_eqsat"]
-    assert report.batched.get("batch-group_linear") == len(SHAPES)  # the alternative was there
+    assert "batch-group_linear" not in report.batched  # cannot pay on the CPU: not even built
     assert grouped_calls(optimized) == 0
     assert op_counts(optimized)["linear"] == len(SHAPES), dict(op_counts(optimized))
 
