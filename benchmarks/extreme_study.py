@@ -7,14 +7,19 @@ on the Dynamo graph of the inference forward:
   Dynamo gives it (what Inductor compiles by default);
 - the same after Inductor's own Optimus pre-grad passes (the batch and split/cat
   passes of benchmarks/methods.py: OPTIMUS_PRE_GRAD), and their time;
-- the same after optimus_eqsat.optimize_graph, and its time.
+- the same after optimus_eqsat.optimize_graph, and its time;
+- ``frozen_*``: the three graphs with parameter-only work (weight stacking of
+  batched programs) folded into constants, as Inductor's ``freezing=True`` does
+  for inference (extract/freezing.py);
+- ``train_*`` (feature counts given to ``--training``): one training step, the
+  AOTAutograd forward plus backward graphs of each (Inductor's partitioner).
 
-    python -m benchmarks.extreme_study --features 20,100,500,2000 [--profile h100] [--out DIR]
+    python -m benchmarks.extreme_study --features 20,100,500,2000 [--training 20,100] \
+        [--profile h100] [--out DIR]
 
-Writes a Markdown table (and CSV) to --out. Predicted counts, not measured
-ones: no GPU here. Inductor's CPU kernel counts for the same model are in the
-harness table (python -m benchmarks --models dynamic_schema --scales ...), where
-C++ codegen merges all generated code between extern calls.
+Writes a Markdown table (and CSV) to --out. Predicted counts, not measured ones;
+Inductor's CPU kernel counts for the same model are in the harness table
+(python -m benchmarks --models dynamic_schema ...), GPU ones in results/gpu/.
 """
 
 from __future__ import annotations
