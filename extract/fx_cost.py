@@ -19,14 +19,15 @@ Fusion rules modelled (a simplification of Inductor's scheduler)
    the same two conditions (Inductor only fuses nodes that share data). "Same
    data" is Inductor's shared MemoryDep (buffer and index): a whole buffer or
    one and the same subset view; two different slices of one buffer do not
-   share data. Approximation: subsets of a graph input (placeholder) still
-   count as shared; this stands in for Inductor's locality reordering, which
-   lines up e.g. layer norms on slices of one input ahead of the extern calls.
+   share data. Approximation ("cpp" only): subsets of a graph input
+   (placeholder) still count as shared; this stands in for Inductor's
+   locality reordering, which lines up e.g. layer norms on slices of one
+   input ahead of the extern calls. On "triton" slices of an input do not
+   share (GPU dumps: dcnv2's 16 lookups on columns of one index input are 16
+   kernels, dynamic_schema's 20 layer norms on slices of one input are 20).
 4. MATMUL (mm/addmm/bmm/linear/conv) and OPAQUE ops are extern calls: one
    launch each, never fused. A linear with bias is one ``addmm`` (bias fused).
-5. CAT ("triton"): fuses like a pointwise op; a CAT-only group whose inputs
-   are all produced by generated kernels is free (producers write into the
-   output slices, Inductor's ConcatKernel); otherwise it is one copy kernel.
+5. CAT ("triton"): see rules 9 and 10 (``lowering.cat`` chooses per cat).
    CAT ("cpp"): Inductor's CPU lowering always builds a ConcatKernel
    (``lowering.cat``: pointwise cat is off on CPU), so a cat never fuses
    with its producers or consumers. It is free when every input is a whole
@@ -42,6 +43,51 @@ Fusion rules modelled (a simplification of Inductor's scheduler)
    into its readers) until a reader needs a buffer, so a generated group is
    scheduled at its first reader outside the group (views looked through; an
    extern call, a cat, the graph output), not where its first node is.
+
+"triton" rules calibrated on Inductor's CUDA output code (torch 2.11, H200;
+benchmarks/results/gpu/code/, dcnv2 and dynamic_schema under Inductor,
+Inductor+Optimus and optimus_eqsat graphs):
+
+8. A layer norm over fewer than 8 elements (``unroll_reductions_threshold``)
+   is two kernels: a statistics kernel over the rows and an output kernel
+   over all elements, which cannot fuse with the norm's input producer (the
+   statistics sit between). Evidence: dynamic_schema's width-4 norms are
+   ``triton_poi_..._layer_norm`` (32) + ``triton_poi_..._layer_norm`` (128);
+   widths 8 and 16 are one ``triton_per_`` kernel.
+9. A cat with more than 8 inputs (``max_pointwise_cat_inputs``), or one that
+   rule 10 does not make pointwise, is a ConcatKernel: it never fuses; a whole
+   view of a generated buffer is computed straight into its slice (free);
+   copies of graph inputs (placeholders, parameters) are one foreach kernel
+   (``triton_for_fused``, ``register_operation_list``); every other input (a
+   slice of a generated buffer, an extern output) is one copy kernel of its
+   own. Evidence: dcnv2's 17-input cat (one dense copy, lookups write their
+   slices); our dynamic_schema graph's 20-input parameter cats (one
+   ``triton_for_fused`` each) and its 20-input cat of narrows (20 kernels).
+10. A cat with at most 8 inputs is one pointwise kernel when (some input
+   needs a copy and every reader is pointwise or a cat) or (every input needs
+   a copy and none reads a reduction); "needs a copy": an unrealized
+   pointwise value, or a graph input / extern output. The pointwise cat
+   inlines its unrealized inputs and, recursively, their unrealized
+   producers read only by them, whatever their numel. "Unrealized": a
+   pointwise value (incl. gathers, one-element sums, pointwise cats) with at
+   most 8 accumulated reads and a small inner function (30 ops, a cat input
+   counted as 5), and if read more than once at most 4 reads
+   (``realize_acc_reads_threshold``, ``realize_opcount_threshold``,
+   ``realize_reads_threshold``). Evidence: dcnv2's last cat
+   (``triton_poi_fused_add_addmm_cat_mul_relu``), dynamic_schema's per-block
+   cats (one kernel for 8 linear epilogues), unbind->stack with tanh.
+11. A pointwise group whose outputs are all read by generated code that
+   inlines them (no extern call, not the graph output, not realized into a
+   ConcatKernel slice) launches nothing. Evidence: our dynamic_schema graph's
+   batched add+relu / add+sigmoid / tanh read through 20 narrows are
+   recomputed in the 20 copy kernels.
+Also on "triton", a consumer reading a producer through a view is a direct
+read in the fusion cycle check ("cpp" keeps the stricter check it was
+calibrated with, which treats the view as a path leaving the group).
+Not modelled: the GPU post-grad pass that turns addmm into mm + a bias add
+fused into pointwise readers (count-neutral in these dumps), the Optimus
+post-grad batching passes (one extra ``unbind`` copy kernel in
+dynamic_schema's Inductor+Optimus dump), combo kernels (off by default).
 
 Range compatibility depends on ``profile.codegen``:
 
@@ -539,6 +585,41 @@ def _merge_range(a: Range | None, b: Range | None, codegen: str) -> tuple[bool, 
     return pw[0] in (red[0], red[0] * red[1]), red
 
 
+# Inductor constants the "triton" rules use (torch/_inductor/config.py).
+UNROLL_REDUCTIONS_THRESHOLD = 8  # unroll_reductions_threshold: r < 8 becomes pointwise code
+MAX_POINTWISE_CAT_INPUTS = 8  # max_pointwise_cat_inputs
+REALIZE_ACC_READS = 8  # realize_acc_reads_threshold: more reads, the value is realized
+REALIZE_READS = 4  # realize_reads_threshold: a reused value with more reads is realized
+REALIZE_OPCOUNT = 30  # realize_opcount_threshold: a bigger inner function is realized
+CAT_OPS_PER_INPUT = 5  # ops of one pointwise-cat input (bounds check, mask, masked load, where)
+
+# Normalizations: a reduction whose output has the input's shape.
+_NORM_OPS = frozenset({
+    "layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm",
+    "_fused_rms_norm", "batch_norm", "native_batch_norm", "_native_batch_norm_legit",
+    "instance_norm", "softmax", "_softmax", "log_softmax", "_log_softmax", "normalize",
+    "layernorm", "groupnorm", "rmsnorm", "batchnorm1d", "batchnorm2d", "batchnorm3d",
+    "instancenorm1d", "instancenorm2d", "instancenorm3d", "logsoftmax",
+})
+# Rule 8 (evidence: layer norms of width 4 vs 8/16 in the GPU dumps).
+_UNROLLED_NORM_OPS = frozenset({"layer_norm", "native_layer_norm", "LayerNorm"})
+
+
+def _norm_size(node: fx.Node) -> int | None:
+    """Elements one layer norm reduces over (its normalized_shape), if known."""
+    shape = node.args[1] if len(node.args) > 1 else node.kwargs.get("normalized_shape")
+    if node.op == "call_module":
+        return None  # LayerNorm modules: see _Fusion._plan_triton
+    if isinstance(shape, int):
+        return shape
+    if isinstance(shape, (tuple, list)) and all(isinstance(d, int) for d in shape):
+        total = 1
+        for d in shape:
+            total *= d
+        return total
+    return None
+
+
 class _Fusion:
     """Groups fusible nodes of one graph into generated kernels."""
 
@@ -549,6 +630,16 @@ class _Fusion:
         self.gm, self.kinds, self.infos, self.codegen = gm, kinds, infos, codegen
         self.base: dict[fx.Node, fx.Node] = {}
         self.groups = _Groups(self.pos)
+        # "triton" only (rules 8-11): layer norms whose reduction Inductor
+        # unrolls, cats lowered as one pointwise kernel, cats lowered as a
+        # ConcatKernel, and the producers each pointwise cat inlines.
+        self.unrolled: set[fx.Node] = set()
+        self.pw_cats: set[fx.Node] = set()
+        self.concat_cats: set[fx.Node] = set()
+        self.absorbed: dict[fx.Node, list[fx.Node]] = {}
+        self.unrealized: dict[fx.Node, bool] = {}
+        self.acc_reads: dict[fx.Node, set[fx.Node]] = {}
+        self.inlined: set[fx.Node] = set()  # set by predict_kernels (rule 11)
 
     # -- data flow through views -------------------------------------------
     def _resolve_views(self) -> None:
@@ -562,7 +653,7 @@ class _Fusion:
     def _read_key(self, inp: fx.Node) -> fx.Node:
         """What reading ``inp`` touches: its base buffer when ``inp`` is (a whole
         view of) it, else the subset view itself (a slice, select, ...)."""
-        if self.base[inp].op == "placeholder":
+        if self.codegen == "cpp" and self.base[inp].op == "placeholder":
             return self.base[inp]  # approximation, see the module docstring (rule 3)
         node = inp
         while node is not self.base[inp]:
@@ -602,8 +693,13 @@ class _Fusion:
         roots = set(roots)
         groups = self.groups
         floor = min(groups.min_pos[r] for r in roots)
-        stack = [p for r in roots for p in groups.external[r]
-                 if p not in groups.parent or groups.find(p) not in roots]
+        stack = [p for r in roots for p in groups.external[r]]
+        if self.codegen == "triton":
+            # A view of a member is a direct read of it, not a path that
+            # leaves the union (views launch nothing). Not applied to "cpp",
+            # whose calibrated counts were made with the stricter check.
+            stack = [self.base[p] for p in stack]
+        stack = [p for p in stack if p not in groups.parent or groups.find(p) not in roots]
         seen: set[fx.Node] = set()
         while stack:
             node = stack.pop()
@@ -631,23 +727,146 @@ class _Fusion:
         self.groups.union(ra, rb, rng)
         return True
 
+    def _force_merge(self, prod: fx.Node, cat: fx.Node) -> bool:
+        """Inline a pointwise producer into a pointwise cat (rule 10): any
+        numel, the cat's range, unless a reduction's range is in the way."""
+        ra, rb = self.groups.find(prod), self.groups.find(cat)
+        if ra is rb:
+            return True
+        if any(rng is not None and rng[1] > 1 for rng in (self.groups.range[ra], self.groups.range[rb])):
+            return self._try_merge(prod, cat)
+        if self._creates_cycle((ra, rb)):
+            return False
+        self.groups.union(ra, rb, self.groups.range[rb])
+        return True
+
+    # -- triton lowering decisions (rules 8-11) ------------------------------
+    def consumers(self, node: fx.Node) -> list[fx.Node]:
+        """Non-view users of ``node``, views looked through (the output node included)."""
+        out: list[fx.Node] = []
+        stack = list(node.users)
+        seen: set[fx.Node] = set()
+        while stack:
+            user = stack.pop()
+            if user in seen:
+                continue
+            seen.add(user)
+            if self.kinds.get(user) is K.VIEW:
+                stack.extend(user.users)
+            else:
+                out.append(user)
+        return out
+
+    def _pointwise_like(self, node: fx.Node) -> bool:
+        """An Inductor ``Pointwise`` at lowering: elementwise ops, gathers
+        (embedding is an indirect load), reductions over one element, pointwise cats."""
+        kind = self.kinds[node]
+        if node in self.pw_cats or kind in (K.POINTWISE, K.GATHER):
+            return True
+        if kind is not K.REDUCTION or _op_label(self.gm, node).lower() in _NORM_OPS:
+            return False
+        rng = self.groups.range.get(node) if node in self.groups.parent else None
+        return rng is not None and rng[1] == 1  # a sum over one element
+
+    def _plan_triton(self) -> None:
+        """Decide, in graph order, which nodes stay unrealized (inlined into
+        their readers), and how each cat is lowered (lowering.py ``cat``)."""
+        reads_reduction: dict[fx.Node, bool] = {}
+        opcount: dict[fx.Node, int] = {}
+        for node in self.nodes:
+            kind = self.kinds[node]
+            if kind is K.REDUCTION and _op_label(self.gm, node) in _UNROLLED_NORM_OPS:
+                r = _norm_size(node)
+                if node.op == "call_module":
+                    shape = getattr(self.gm.get_submodule(node.target), "normalized_shape", None)
+                    r = None if shape is None else int(torch.Size(shape).numel())
+                if r is not None and 1 < r < UNROLL_REDUCTIONS_THRESHOLD:
+                    self.unrolled.add(node)
+            if kind is K.CAT and node in self.groups.parent:
+                self._plan_cat(node, reads_reduction)
+            if not self._pointwise_like(node):
+                continue
+            acc: set[fx.Node] = set()
+            red = False
+            inputs = _arg_nodes(node)
+            # inner-function size: a masked load per cat input, one op per node
+            ops = CAT_OPS_PER_INPUT * len(inputs) if node in self.pw_cats else 1
+            for inp in inputs:
+                b = self.base[inp]
+                if self.unrealized.get(b):
+                    acc |= self.acc_reads[b]
+                    red = red or reads_reduction[b]
+                    ops += opcount[b]
+                else:
+                    acc.add(self._read_key(inp))
+                    red = red or (self.kinds[b] is K.REDUCTION and not self._pointwise_like(b))
+            self.acc_reads[node] = acc
+            reads_reduction[node] = red
+            opcount[node] = ops
+            # realize_acc_reads_threshold (8), realize_opcount_threshold (30);
+            # on reuse, realize_reads_threshold (4)
+            self.unrealized[node] = len(acc) <= REALIZE_ACC_READS and ops <= REALIZE_OPCOUNT and (
+                len(node.users) <= 1 or len(acc) <= REALIZE_READS)
+
+    def _plan_cat(self, cat: fx.Node, reads_reduction: dict[fx.Node, bool]) -> None:
+        inputs = [i for i in _arg_nodes(cat) if self.infos.get(i) != []]
+        if not inputs or len(inputs) > MAX_POINTWISE_CAT_INPUTS:
+            self.concat_cats.add(cat)
+            return
+        needs_copy, reduction = [], []
+        for inp in inputs:
+            b = self.base[inp]
+            unrealized = bool(self.unrealized.get(b))
+            needs_copy.append(unrealized or b not in self.groups.parent)
+            reduction.append((self.kinds[b] is K.REDUCTION and not self._pointwise_like(b))
+                             or (unrealized and reads_reduction.get(b, False)))
+        users = self.consumers(cat)
+        pointwise_uses = bool(users) and all(self.kinds.get(u) in (K.POINTWISE, K.CAT) for u in users)
+        if (any(needs_copy) and pointwise_uses) or (all(needs_copy) and not any(reduction)):
+            self.pw_cats.add(cat)
+            # Inlined: each unrealized input read only here, and, recursively,
+            # the unrealized producers read only by an inlined node.
+            absorbed = [self.base[i] for i in inputs
+                        if self.unrealized.get(self.base[i]) and len(self.consumers(self.base[i])) == 1]
+            stack = list(absorbed)
+            while stack:
+                for inp in _arg_nodes(stack.pop()):
+                    prod = self.base[inp]
+                    if (self.unrealized.get(prod) and prod not in absorbed
+                            and len(self.consumers(prod)) == 1):
+                        absorbed.append(prod)
+                        stack.append(prod)
+            self.absorbed[cat] = absorbed
+        else:
+            self.concat_cats.add(cat)
+
     # -- passes ----------------------------------------------------------------
     def run(self) -> _Groups:
         self._resolve_views()
         for node in self.nodes:
             if self.kinds[node] in FUSIBLE_KINDS:
                 self.groups.add(node, self._range(node))
+        if self.codegen == "triton":
+            self._plan_triton()
         # C++: a cat is always a ConcatKernel (lowering.py ``cat``: pointwise
         # cat is off on CPU), so it never fuses with producers or consumers.
+        # Triton: the same for the cats lowered as a ConcatKernel (rule 9).
         isolated = {n for n in self.groups.parent
-                    if self.codegen == "cpp" and self.kinds[n] is K.CAT}
+                    if self.codegen == "cpp" and self.kinds[n] is K.CAT} | self.concat_cats
+        # Triton: a pointwise cat inlines its unrealized inputs first (rule 10).
+        for cat in self.nodes:
+            for prod in self.absorbed.get(cat, ()):
+                self._force_merge(prod, cat)
         # Vertical: join each fusible producer's group.
         for node in self.nodes:
             if node not in self.groups.parent or node in isolated:
                 continue
             for prod in self.producers(node):
-                if prod in self.groups.parent and prod not in isolated:
-                    self._try_merge(prod, node)
+                if prod not in self.groups.parent or prod in isolated:
+                    continue
+                if node in self.unrolled and self.kinds[prod] in FUSIBLE_KINDS:
+                    continue  # rule 8: the stats kernel sits between them
+                self._try_merge(prod, node)
         # Horizontal: consumers of one buffer that share the read.
         # The read must be the same elements (Inductor's shared MemoryDep:
         # buffer and index), so two different slices of one buffer do not count.
@@ -655,7 +874,7 @@ class _Fusion:
         # share reads with the inputs' other readers (and fuse with them).
         readers: dict[fx.Node, list[fx.Node]] = {}
         for node in self.nodes:
-            if node not in self.groups.parent:
+            if node not in self.groups.parent or node in self.concat_cats:
                 continue
             inputs = _arg_nodes(node)
             if node in isolated:
@@ -841,11 +1060,68 @@ def _is_free_cat(members: Sequence[fx.Node], kinds, fusion: _Fusion, groups: _Gr
     return free
 
 
+def _whole_view(inp: fx.Node, base: fx.Node, gm: fx.GraphModule) -> bool:
+    """True when ``inp`` is ``base`` or a chain of whole views of it."""
+    node = inp
+    while node is not base:
+        if _op_label(gm, node) not in _WHOLE_VIEW_OPS:
+            return False
+        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else node.all_input_nodes[0]
+    return True
+
+
+def _concat_copies(cat: fx.Node, fusion: _Fusion, groups: _Groups, gm: fx.GraphModule) -> int:
+    """Copy kernels of a cat Inductor lowers as a ConcatKernel on GPU (rule 9).
+
+    A whole view of a generated buffer is realized into its slice (free).
+    Copies of graph inputs (placeholders, parameters) are registered as one
+    operation list and run as one foreach kernel (``triton_for_fused``).
+    Every other input (a slice of a generated buffer, an extern call's
+    output) is one copy kernel of its own.
+    """
+    inputs = [i for i in _arg_nodes(cat) if fusion.infos.get(i) != []]
+    graph_inputs, others = 0, 0
+    for inp in inputs:
+        base = fusion.base[inp]
+        if base.op in ("placeholder", "get_attr"):
+            graph_inputs += 1
+        elif base in groups.parent and base not in fusion.concat_cats and _whole_view(inp, base, gm):
+            continue
+        else:
+            others += 1
+    return (1 if graph_inputs else 0) + others
+
+
+def _is_inlined(members: Sequence[fx.Node], fusion: _Fusion, groups: _Groups, gm: fx.GraphModule) -> bool:
+    """Rule 11: a group of unrealized pointwise nodes whose every reader
+    outside it is generated code that inlines it (not an extern call, not the
+    graph output, not a ConcatKernel realizing it into a slice) launches nothing."""
+    inside = set(members)
+    escaped = False
+    for m in members:
+        if fusion.kinds[m] is not K.POINTWISE or m in fusion.pw_cats:
+            return False
+        outside = [u for u in fusion.consumers(m) if u not in inside]
+        if not outside:
+            continue
+        if not fusion.unrealized.get(m):
+            return False
+        for user in outside:
+            if user.op == "output" or user not in groups.parent:
+                return False
+            if user in fusion.concat_cats and any(
+                    fusion.base[i] is m and _whole_view(i, m, gm) for i in _arg_nodes(user)):
+                return False
+        escaped = True
+    return escaped
+
+
 def _units_behind(buf: fx.Node, unit_of: dict[fx.Node, int], fusion: _Fusion) -> set[int]:
-    """Units producing ``buf``: its own, or for a free cat those of its inputs."""
+    """Units producing ``buf``: its own, or for a free cat (an inlined
+    pointwise group) those of its inputs."""
     if buf in unit_of:
         return {unit_of[buf]}
-    if fusion.kinds[buf] is not K.CAT:
+    if fusion.kinds[buf] is not K.CAT and buf not in fusion.inlined:
         return set()
     return {u for p in fusion.producers(buf) for u in _units_behind(p, unit_of, fusion)}
 
@@ -931,10 +1207,18 @@ def predict_kernels(
     # Launching units: fused groups (minus free cats) and extern/opaque nodes.
     units: list[list[fx.Node]] = []
     claimed: set[fx.Node] | None = set() if prof.codegen == "cpp" else None
+    copies: dict[fx.Node, int] = {}  # triton ConcatKernel -> its copy kernels (rule 9)
+    triton = prof.codegen == "triton"
     for node in gm.graph.nodes:
         if node in groups.parent and groups.find(node) is node:
             members = sorted(groups.members[node], key=fusion.pos.__getitem__)
-            if not _is_free_cat(members, kinds, fusion, groups, gm, claimed):
+            if triton and node in fusion.concat_cats:
+                copies[node] = _concat_copies(node, fusion, groups, gm)
+                if copies[node]:
+                    units.append(members)
+            elif triton and _is_inlined(members, fusion, groups, gm):
+                fusion.inlined.update(members)
+            elif triton or not _is_free_cat(members, kinds, fusion, groups, gm, claimed):
                 units.append(members)
         elif kinds[node] in (K.MATMUL, K.OPAQUE):
             units.append([node])
@@ -957,7 +1241,19 @@ def predict_kernels(
                            or [_extern_kernel(members[0], kinds, cost, prof, gm)])
         elif prof.codegen == "cpp":
             pending.extend(members)
+        elif members[0] in copies:
+            one = _generated_kernel(members, kinds, cost, prof, gm)
+            n = copies[members[0]]
+            kernels.extend(PredictedKernel(K.CAT, one.nodes, one.bytes_moved // n, 0.0,
+                                           kernel_time(prof, K.CAT, one.bytes_moved // n, 0.0),
+                                           f"cat copy {i + 1}/{n} (ConcatKernel)") for i in range(n))
         else:
+            for m in members:
+                if m in fusion.unrolled:  # rule 8: the statistics kernel first
+                    nbytes = _nbytes(infos.get(_arg_nodes(m)[0])) if _arg_nodes(m) else 0
+                    kernels.append(PredictedKernel(K.REDUCTION, (m,), nbytes, 0.0,
+                                                   kernel_time(prof, K.REDUCTION, nbytes, 0.0),
+                                                   "layer_norm statistics (unrolled, r < 8)"))
             kernels.append(_generated_kernel(members, kinds, cost, prof, gm))
     flush()
     return kernels

@@ -287,3 +287,96 @@ def test_stack_gate_against_inductor():
     model, inputs = StackGate().eval(), (torch.randn(4, 8),)
     (gm,) = capture_dynamo_graphs(model, inputs)
     assert predicted_launches(gm, profile="cpu") == count_inductor_kernels(model, inputs).total == 4
+
+
+# ------------------------------------------ triton flavour, from GPU dumps
+# Evidence: benchmarks/results/gpu/code/ (Inductor's CUDA output code, torch 2.11,
+# H200); the rule numbers are those of the fx_cost module docstring.
+
+def _gpu(fn, *inputs):
+    (gm,) = capture_dynamo_graphs(fn, inputs)
+    return [k.note for k in predict_kernels(gm, profile="h200")]
+
+
+def test_triton_layer_norm_under_unroll_threshold_is_two_kernels():
+    """Rule 8: dynamic_schema's width-4 layer norms are a statistics kernel
+    plus an output kernel (unroll_reductions_threshold = 8); widths 8 and 16
+    are one persistent reduction each."""
+    def norm(x):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],))
+
+    assert len(_gpu(norm, torch.randn(32, 4))) == 2
+    assert len(_gpu(norm, torch.randn(32, 8))) == 1
+    assert len(predict_kernels(capture_dynamo_graphs(norm, (torch.randn(32, 4),))[0], profile="cpu")) == 1
+
+
+def test_triton_slices_of_one_input_do_not_fuse_horizontally():
+    """Rule 3: dcnv2's 16 embedding lookups read different columns of one
+    index input and are 16 kernels on the GPU (no shared MemoryDep); the
+    17-input cat (> max_pointwise_cat_inputs) is a ConcatKernel: the lookups
+    write their slices, the dense input is one copy (rule 9)."""
+    tables = [torch.randn(10, 8) for _ in range(16)]
+
+    def model(dense, idx, w):
+        embs = [torch.nn.functional.embedding(idx[:, i], t) for i, t in enumerate(tables)]
+        return torch.cat([dense, *embs], 1) @ w
+
+    notes = _gpu(model, torch.randn(32, 13), torch.randint(0, 10, (32, 16)), torch.randn(13 + 16 * 8, 4))
+    assert len(notes) == 16 + 1 + 1  # lookups, the dense copy, mm
+
+
+def test_triton_pointwise_cat_inlines_its_producers():
+    """Rule 10: dcnv2's last cat (2 pointwise inputs of different widths) is
+    one kernel that computes both inputs (triton_poi_fused_add_addmm_cat_mul_relu);
+    dynamic_schema's per-block cats (8 linear + activation + scale/shift
+    members) are one kernel each."""
+    w1, w2 = torch.randn(16, 8), torch.randn(24, 1)
+
+    def head(x, s, t):
+        h1 = torch.relu(x @ w1)
+        h2 = x * s + t
+        return torch.cat([h2, h1], 1) @ w2
+
+    notes = _gpu(head, torch.randn(32, 16), torch.randn(16), torch.randn(16))
+    assert len(notes) == 3  # mm, the cat kernel, mm
+
+    lins = [nn.Linear(4, 8) for _ in range(8)]
+
+    def block(x):
+        pieces = torch.split(x, [4] * 8, 1)
+        return torch.cat([torch.sigmoid(lin(p)) * 2 + 1 for lin, p in zip(lins, pieces)], 1)
+
+    assert len(_gpu(block, torch.randn(32, 32))) == 8 + 1
+
+
+def test_triton_stack_of_unbind_items_and_their_tanh_is_one_kernel():
+    """Rule 10 + horizontal fusion: dynamic_schema's unbind -> stack round trip
+    and stack of tanh'd items are one kernel with two outputs
+    (triton_poi_fused_stack_tanh_unbind), realized into the final cat's slices."""
+    def seq(x):
+        items = torch.unbind(x, 1)
+        plain = torch.stack(items, 1).flatten(1)
+        tanh = torch.stack([torch.tanh(t) for t in items], 1).flatten(1)
+        return torch.cat([plain, tanh], 1)
+
+    assert len(_gpu(seq, torch.randn(32, 8, 8))) == 1
+
+
+def test_triton_concat_kernel_copies():
+    """Rule 9 and 11: in our dynamic_schema graph a 20-input cat of parameter
+    views is one foreach copy (triton_for_fused), and a 20-input cat of
+    narrows of one cheap pointwise result is 20 copy kernels that each
+    recompute it (the relu launches nothing of its own)."""
+    params = [torch.randn(1, 1, 8) for _ in range(20)]
+
+    def stack_params(x):
+        return x * torch.cat([p.reshape(1, 1, 8) for p in params], 0)
+
+    assert len(_gpu(stack_params, torch.randn(20, 32, 8))) == 2  # foreach copy, mul
+
+    def slices(x, y):
+        act = torch.relu(x @ y)
+        return torch.cat([act.narrow(0, i, 1) for i in reversed(range(20))], 0)
+
+    notes = _gpu(slices, torch.randn(20, 32, 4), torch.randn(20, 4, 8))
+    assert len(notes) == 1 + 20  # bmm, 20 copies
