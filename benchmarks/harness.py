@@ -9,7 +9,6 @@ the CSV / Markdown / PNG outputs.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import statistics
 import time
@@ -106,9 +105,6 @@ def _run_case(method: Method, ref: Reference, training: bool, config: BenchConfi
 
     model = copy.deepcopy(ref.model)
     record = instrument.CompileRecord(profile=_pred_profile(method, config))
-    if method.eqsat is not None and method.eqsat.profile is None:
-        # The optimizer targets the device it is measured on (its own default is h100).
-        method = dataclasses.replace(method, eqsat=dataclasses.replace(method.eqsat, profile=record.profile))
     patch = dict(method.inductor_config)
     if config.disable_caches:
         patch["force_disable_caches"] = True
