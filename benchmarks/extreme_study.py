@@ -39,27 +39,13 @@ from benchmarks.zoo import MODELS
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.extract.freezing import fold_parameters
 from optimus_eqsat.extract.fx_cost import predicted_launches
+from optimus_eqsat.inductor_count import capture_dynamo_graph
 
 COLUMNS = ("features", "fx_nodes", "launches_default", "launches_inductor_optimus", "launches_optimus_eqsat",
            "reduction_inductor_optimus", "reduction_optimus_eqsat", "frozen_default", "frozen_inductor_optimus",
            "frozen_optimus_eqsat", "frozen_reduction_optimus_eqsat", "inductor_passes_s", "optimus_eqsat_s",
            "eqsat_stop", "eqsat_fell_back")
 TRAIN_COLUMNS = ("train_default", "train_inductor_optimus", "train_optimus_eqsat", "train_reduction_optimus_eqsat")
-
-
-def dynamo_graph(model: torch.nn.Module, inputs: tuple) -> tuple[torch.fx.GraphModule, list]:
-    """Dynamo's graph of the inference forward, and the example inputs it was given."""
-    captured = []
-
-    def capture(gm: torch.fx.GraphModule, example_inputs: list):
-        captured.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=capture, fullgraph=True)(*inputs)
-    torch._dynamo.reset()
-    return captured[0]
 
 
 def inductor_optimus(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[torch.fx.GraphModule, float]:
@@ -102,7 +88,7 @@ def study(features: int, profile: str, training: bool = False) -> dict[str, obje
     inputs = spec.inputs(8, 0, scale=scale)
     if inputs[0].shape[1] != sum(model.widths):  # inputs follow the feature count
         inputs = (torch.randn(8, sum(model.widths)), *inputs[1:])
-    gm, example_inputs = dynamo_graph(model, inputs)
+    gm, example_inputs = capture_dynamo_graph(model, inputs)
     default = predicted_launches(gm, profile=profile)
     theirs, their_s = inductor_optimus(gm, example_inputs)
     start = time.perf_counter()

@@ -31,6 +31,7 @@ import torch
 __all__ = [
     "InductorKernelCount",
     "count_inductor_kernels",
+    "capture_dynamo_graph",
     "capture_dynamo_graphs",
     "count_kernels_in_code",
     "split_fusion_options",
@@ -184,20 +185,34 @@ def count_inductor_kernels(
     return InductorKernelCount(generated=generated, extern=extern, code=list(codes))
 
 
-def capture_dynamo_graphs(model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor) -> list[torch.fx.GraphModule]:
-    """The FX graphs Dynamo hands to the backend (what Inductor compiles),
-    shapes in ``node.meta["example_value"]``; more than one on graph breaks."""
-    graphs: list[torch.fx.GraphModule] = []
+def _capture(model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor,
+             fullgraph: bool) -> list[tuple[torch.fx.GraphModule, list]]:
+    """(graph, example inputs) for every graph Dynamo hands to the backend, under no_grad."""
+    captured: list[tuple[torch.fx.GraphModule, list]] = []
 
-    def record(gm: torch.fx.GraphModule, _inputs: Any) -> Callable:
-        graphs.append(gm)
+    def record(gm: torch.fx.GraphModule, inputs: Any) -> Callable:
+        captured.append((gm, list(inputs)))
         return gm.forward
 
     inputs = _as_tuple(example_inputs)
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            torch.compile(model_or_fn, backend=record)(*inputs)
+            torch.compile(model_or_fn, backend=record, fullgraph=fullgraph)(*inputs)
     finally:
         torch._dynamo.reset()
-    return graphs
+    return captured
+
+
+def capture_dynamo_graphs(model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor) -> list[torch.fx.GraphModule]:
+    """The FX graphs Dynamo hands to the backend (what Inductor compiles),
+    shapes in ``node.meta["example_value"]``; more than one on graph breaks."""
+    return [gm for gm, _ in _capture(model_or_fn, example_inputs, fullgraph=False)]
+
+
+def capture_dynamo_graph(model_or_fn: Callable,
+                         example_inputs: Sequence[Any] | torch.Tensor) -> tuple[torch.fx.GraphModule, list]:
+    """Dynamo's one graph of the forward (``fullgraph=True``, no_grad) and the example
+    inputs it was given: parameters lifted to inputs arrive as ``nn.Parameter``."""
+    ((gm, inputs),) = _capture(model_or_fn, example_inputs, fullgraph=True)
+    return gm, inputs

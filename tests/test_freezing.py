@@ -6,6 +6,7 @@ from torch import nn
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.extract.freezing import fold_parameters, parameter_placeholders
 from optimus_eqsat.extract.fx_cost import predicted_launches
+from optimus_eqsat.inductor_count import capture_dynamo_graph
 
 
 class StackedWeights(nn.Module):
@@ -22,25 +23,11 @@ class StackedWeights(nn.Module):
         return torch.relu(torch.bmm(x, w.transpose(1, 2)) + b)
 
 
-def _dynamo_graph(model: nn.Module, *inputs: torch.Tensor):
-    captured = []
-
-    def capture(gm, example_inputs):
-        captured.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=capture, fullgraph=True)(*inputs)
-    torch._dynamo.reset()
-    return captured[0]
-
-
 def test_weight_stacking_folds_and_values_match():
     torch.manual_seed(0)
     model = StackedWeights().eval()
     x = torch.randn(4, 5, 8)
-    gm, example_inputs = _dynamo_graph(model, x)
+    gm, example_inputs = capture_dynamo_graph(model, x)
     assert len(parameter_placeholders(gm, example_inputs)) == 8
     folded = fold_parameters(gm, example_inputs)
     stacks = [n for n in folded.graph.nodes if n.target in (torch.stack, torch.cat)]
