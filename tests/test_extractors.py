@@ -238,6 +238,16 @@ def brute_force(graph: ExtractionGraph) -> float:
     return best
 
 
+def solvable_random_graphs(seed: int, tries: int, max_classes: int = 6):
+    """(graph, brute-force optimum) for the random graphs that have a finite acyclic program."""
+    rng = random.Random(seed)
+    for _ in range(tries):
+        g = random_graph(rng, max_classes=max_classes)
+        optimum = brute_force(g)
+        if optimum != INF:
+            yield g, optimum
+
+
 def test_random_graphs_ilp_optimal_greedy_valid() -> None:
     rng = random.Random(0)
     solved = 0
@@ -356,13 +366,8 @@ def test_real_demo_egraph_ilp_valid_and_auto_bounded() -> None:
 def test_reduce_for_ilp_is_exact_on_random_graphs() -> None:
     from optimus_eqsat.extract.ilp import reduce_for_ilp
 
-    rng = random.Random(7)
     checked = 0
-    for _ in range(150):
-        g = random_graph(rng, max_classes=6)
-        optimum = brute_force(g)
-        if optimum == INF:
-            continue
+    for g, optimum in solvable_random_graphs(7, 150):
         reduced = reduce_for_ilp(compact(g))
         sub = [[] for _ in g.classes]
         for n, c in enumerate(reduced.node_class):
@@ -446,13 +451,8 @@ def test_root_needs_are_fixed() -> None:
 def test_random_graphs_ilp_with_and_without_need_rows_agree() -> None:
     from optimus_eqsat.extract.ilp import IlpExtractor
 
-    rng = random.Random(11)
     checked = 0
-    for _ in range(120):
-        g = random_graph(rng, max_classes=6)
-        optimum = brute_force(g)
-        if optimum == INF:
-            continue
+    for g, optimum in solvable_random_graphs(11, 120):
         with_rows = IlpExtractor(need_rows_max_nodes=10_000).extract(g)
         without = IlpExtractor(need_rows_max_nodes=-1).extract(g)
         if "need_rows" in with_rows.info:  # the ILP ran (greedy did not meet the trivial bound)
