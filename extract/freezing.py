@@ -45,8 +45,9 @@ def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.Gra
     """A copy of ``gm`` with every node computed from parameters alone replaced by a constant.
 
     Parameters are the placeholders whose example input is an ``nn.Parameter``
-    and the module's own ``get_attr`` tensors. Views of a single parameter stay
-    as they are (they launch nothing anyway). The input graph is untouched.
+    and the module's own ``get_attr`` tensors. Only the outermost folded values
+    (those read by a node that is not folded) become constants; the rest is dead
+    code and removed. The input graph is untouched.
     """
     out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     placeholders = [n for n in out.graph.nodes if n.op == "placeholder"]
