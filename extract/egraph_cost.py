@@ -30,9 +30,14 @@ from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_time
 VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
 FUSED_LAUNCH_SHARE = 0.25
 CAT_LAUNCH_SHARE = 0.5
+# A list cell (one cat input) on GPU profiles: past 8 inputs Inductor's cat is a
+# ConcatKernel that copies every input that is not a whole generated buffer, one
+# kernel each, so long lists cost launches by the item. A quarter launch per cell
+# lets runs folded into one view (batch_views.py, the cat-run rules) win.
+CELL_LAUNCH_SHARE = 0.25
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
 
-_VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil", "TCons"}
+_VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil"}
 _ELEMENTWISE = {"Unary", "Binary", "Scalar"}
 _GROUPED = {"grouped_matmul", "grouped_member", "pack"}  # opspec.GROUPED_MATMUL, GROUPED_MEMBER, PACK
 _KIND_OF_OPKIND = {
@@ -68,8 +73,10 @@ class EGraphCost:
         ctor = node.ctor
         if ctor in _VIEWS:
             return VIEW_COST if ctor != "Leaf" else 0.0
-        moved = self._bytes((c,) + node.children)
         p = self.profile
+        if ctor == "TCons":
+            return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT) if p.codegen == "triton" else VIEW_COST
+        moved = self._bytes((c,) + node.children)
         if ctor in _ELEMENTWISE:
             full = kernel_time(p, KernelKind.POINTWISE, moved, _numel(self.shapes.get(c)))
             return full - (1 - FUSED_LAUNCH_SHARE) * p.launch_s(KernelKind.POINTWISE)

@@ -18,6 +18,7 @@ which they are ``get_attr`` constants, so any launch predictor
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Sequence
 
 import torch
@@ -57,7 +58,8 @@ def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.Gra
             values[node] = value.detach()
     for node in out.graph.nodes:
         if node.op == "get_attr":
-            values[node] = getattr(out, node.target) if isinstance(node.target, str) else None
+            if isinstance(node.target, str):  # a dotted path under symbolic_trace ("projs.3.bias")
+                values[node] = functools.reduce(getattr, node.target.split("."), out)
             continue
         if node.op != "call_function" and node.op != "call_method" or _impure(node):
             continue

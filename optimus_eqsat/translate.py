@@ -65,6 +65,7 @@ class Translation:
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
     roots: list[int] = field(default_factory=list)  # ids whose classes are extracted
     terms: dict[int, str] = field(default_factory=dict)  # id -> the term it was unioned with
+    cats: dict[int, tuple[tuple[str, ...], int]] = field(default_factory=dict)  # cat/stack id -> (items, dim)
     list_ids: int = 0  # LId names handed out for long lists
     next_id: int = 0  # first id free for terms added after translation (batching)
 
@@ -232,6 +233,7 @@ class Translator:
         return self.split_pieces.get(self.ids[value]) if isinstance(value, torch.fx.Node) else None
 
     def cons(self, items: list[str], dim: int) -> str:
+        self.t.cats[self.ids[self.node]] = (tuple(items), dim)  # batching reads cats as lists
         return cons_list(items, dim, self.t.facts.append, self.t.new_list_id)
 
     def named(self, key: str, target: Any, n_operands: int, kind: str) -> str:

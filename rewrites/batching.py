@@ -41,6 +41,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import networkx as nx
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +49,7 @@ from ..kernels.grouped_linear import grouped_linear
 from ..opspec import GATHER, GROUPED_MATMUL, GROUPED_MEMBER, MATMUL, PACK, POINTWISE, REDUCTION, OpSpec, Slot
 from ..terms import cons_list, vec
 from ..translate import Translation
+from .batch_views import cat_alternatives, make_item, stack_term
 
 MIN_GROUP = 2  # the cost model, not a threshold, decides whether a group pays
 
@@ -111,6 +113,30 @@ def independent_groups(members: list[Candidate], ancestors: dict[int, int]) -> l
     return [group for _, group in groups]
 
 
+def build_order(groups: list[list[Candidate]]) -> list[int]:
+    """Indices of ``groups`` with every group after the groups whose members it reads,
+    so its operand stacks can be views of their batched terms (batch_views.py).
+
+    Groups can read each other both ways (then the order inside that strongly
+    connected set is by last member); ties go to the group whose last member comes first.
+    """
+    owners: dict[int, list[int]] = defaultdict(list)
+    for g, group in enumerate(groups):
+        for c in group:
+            owners[c.node].append(g)
+    reads = nx.DiGraph()
+    reads.add_nodes_from(range(len(groups)))
+    reads.add_edges_from((h, g) for g, group in enumerate(groups) for c in group for o in c.operands
+                         for h in owners.get(o, ()) if h != g)
+    last = [group[-1].node for group in groups]
+    dag = nx.condensation(reads)
+    members = nx.get_node_attributes(dag, "members")
+    order: list[int] = []
+    for scc in nx.lexicographical_topological_sort(dag, key=lambda s: min(last[g] for g in members[s])):
+        order.extend(sorted(members[scc], key=lambda g: last[g]))
+    return order
+
+
 class BatchBuilder:
     """Writes the facts of batched alternatives, with fresh ids for new terms."""
 
@@ -119,9 +145,9 @@ class BatchBuilder:
         self.facts: list[str] = []
         self.outputs: list[int] = []  # ids of the batched terms, one per group
         self.groups: list[tuple[int, list[int]]] = []  # (batched term id, member node ids)
-        # member node id -> (batched term, group size, position): chained groups read
-        # the previous batched term directly instead of stacking its slices again
-        self.slot_of: dict[int, tuple[str, int, int]] = {}
+        # member node id -> (batched term, position): chained groups read the previous
+        # batched term directly instead of stacking its slices again
+        self.slot_of: dict[int, tuple[str, int]] = {}
 
     def new(self, term: str, shape: tuple[int, ...] | None = None) -> str:
         """Name ``term`` by a fresh id; give it a shape when rules cannot derive it."""
@@ -135,31 +161,19 @@ class BatchBuilder:
     def stack(self, ids: list[int], rank: int) -> tuple[str, tuple[int, ...]]:
         """torch.stack of the operands at dim 0, each first padded on the left to ``rank``.
 
-        When the operands are, in order, all the members of one earlier group, the
-        stack is that group's batched term (a view): no cat list to build, and none
-        for the split/cat rules to walk (the walk is quadratic in a contiguous run).
+        Runs of earlier groups' members and of evenly spaced slices are stacked as views
+        (batch_views.py): no list of n cells to build, and no copy per operand.
         """
-        slots = [self.slot_of.get(i) for i in ids]
-        if slots[0] is not None and all(
-            s is not None and s[0] == slots[0][0] and s[1] == len(ids) and s[2] == k for k, s in enumerate(slots)
-        ):
-            s0 = self.t.shapes[ids[0]]
-            shape = (len(ids),) + (1,) * (rank - len(s0)) + s0
-            return self.new(f"(Reshape {slots[0][0]} {vec(shape)})"), shape
-        items, shape = [], None
-        for i in ids:
-            s = self.t.shapes[i]
-            padded = (1,) * (rank - len(s)) + s
-            items.append(f"(Reshape (Id {i}) {vec((1,) + padded)})")
-            shape = padded
-        return self.new(f"(Cat {cons_list(items, 0, self.facts.append, self.t.new_list_id)})"), (len(ids),) + shape
+        shapes = [(1,) * (rank - len(self.t.shapes[i])) + self.t.shapes[i] for i in ids]
+        items = [make_item(self.t, f"(Id {i})", self.slot_of, s) for i, s in zip(ids, shapes)]
+        return self.new(stack_term(self.t, items, self.facts.append)), (len(ids),) + shapes[0]
 
     def unstack(self, batched: str, members: list[int]) -> None:
         self.outputs.append(int(_ID.match(batched).group(1)))
         self.groups.append((self.outputs[-1], list(members)))
         for k, m in enumerate(members):
             self.facts.append(f"(union (Id {m}) (Reshape (Slice {batched} 0 {k} {k + 1}) {vec(self.t.shapes[m])}))")
-            self.slot_of[m] = (batched, len(members), k)
+            self.slot_of[m] = (batched, k)
 
 
 def _shapes_known(t: Translation, c: Candidate) -> bool:
@@ -510,16 +524,18 @@ def batch_facts(t: Translation, profile: Any = None) -> Batches:
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)
     outputs: dict[str, list[int]] = defaultdict(list)
-    for key, members in keyed.items():
-        kind = key[0] if key[0] in _BUILDERS else "elementwise"
-        for group in independent_groups(members, ancestors):
-            if len(group) >= MIN_GROUP:
-                if kind == "group_linear" and not group_linear_can_pay(profile, len(group)):
-                    continue
-                built = len(builder.outputs)
-                _BUILDERS.get(kind, _batch_elementwise)(builder, group)
-                if len(builder.outputs) == built:
-                    continue  # the builder declined this group
-                stats[f"batch-{kind}"] += len(group)
-                outputs[f"batch-{kind}"].append(builder.outputs[-1])
+    groups = [(key[0] if key[0] in _BUILDERS else "elementwise", group)
+              for key, members in keyed.items() for group in independent_groups(members, ancestors)
+              if len(group) >= MIN_GROUP]
+    for kind, group in (groups[k] for k in build_order([g for _, g in groups])):
+        if kind == "group_linear" and not group_linear_can_pay(profile, len(group)):
+            continue
+        built = len(builder.outputs)
+        _BUILDERS.get(kind, _batch_elementwise)(builder, group)
+        if len(builder.outputs) == built:
+            continue  # the builder declined this group
+        stats[f"batch-{kind}"] += len(group)
+        outputs[f"batch-{kind}"].append(builder.outputs[-1])
+    if builder.groups and (views := cat_alternatives(t, builder.slot_of, builder.facts.append)):
+        stats["cat-views"] = views
     return Batches(builder.facts, dict(stats), dict(outputs), builder.groups)

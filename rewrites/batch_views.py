@@ -1,0 +1,232 @@
+"""Lists of tensors that are views: runs of group members and of evenly spaced slices.
+
+Batching stacks operands and concatenates results. A list item by item costs a
+copy per item (Inductor's ConcatKernel) and, in the e-graph, a list walk per
+cell; but two kinds of runs in such lists are views of one tensor:
+
+* *member runs*: members of batched groups at consecutive positions, or
+  interleaved from p groups with one member shape (features whose widths
+  cycle through p shape classes land in p groups, and their outputs are
+  concatenated in feature order)::
+
+      [G[k], G[k+1], ..., G[k+L-1]]                     == G[k:k+L]
+      [A[i], B[j], C[l], A[i+1], B[j+1], C[l+1], ...]   == stack([A[i:], B[j:], C[l:]], 1).flatten(0, 1)
+
+  (the second is a cat of p inputs, which Inductor fuses into its reader);
+* *strided runs*: slices of one source along one dim with equal widths w at
+  offsets a, a+P, a+2P, ... (P >= w): ``x.narrow(d, a, L*P)`` unflattened to
+  (L, P) at d, sliced to w, with the L dim moved to the front.
+
+:func:`stack_term` builds ``torch.stack(items)`` from such runs (batching's
+operand stacks); :func:`cat_alternatives` gives every concatenation of the
+graph (nested cats on one dim flattened) an alternative built from its runs,
+so a cat of all members of a batched group is a view of the batched term and
+not one copy per member. Both are found in one pass over the list, linear in
+its length; the e-graph then only sees a few terms per run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ..terms import cons_list, vec
+from ..translate import Translation
+
+_ID = re.compile(r"^\(Id (\d+)\)$")
+_SLICE = re.compile(r"^\(Slice \(Id (\d+)\) (\d+) (\d+) (\d+)\)$")
+_RESHAPE = re.compile(r"^\(Reshape (.*) \(vec-of ([\d ]+)\)\)$")
+
+Slot = tuple[str, int]  # (batched term, position of the member in it)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One list member: its term as written, its shape, and what it is a view of."""
+
+    text: str
+    shape: tuple[int, ...] | None
+    slot: Slot | None = None  # a member of a batched group
+    piece: tuple[int, int, int, int] | None = None  # (source id, dim, start, end): a slice of a node
+
+
+def _piece(t: Translation, source: int, dim: int, start: int, end: int) -> tuple[int, int, int, int]:
+    """Compose slices of slices on one dim down to the first source that is not one."""
+    while (m := _SLICE.match(t.terms.get(source, ""))) and int(m.group(2)) == dim:
+        source, start, end = int(m.group(1)), start + int(m.group(3)), end + int(m.group(3))
+    return source, dim, start, end
+
+
+def make_item(t: Translation, text: str, slot_of: dict[int, Slot], shape: tuple[int, ...] | None = None) -> Item:
+    """Read ``text`` (``(Id i)``, a slice of a node, either reshaped) as an :class:`Item`.
+
+    ``shape`` overrides the item's own (a stack pads operands on the left)."""
+    inner, own = text, None
+    if m := _RESHAPE.match(text):
+        inner, own = m.group(1), tuple(int(v) for v in m.group(2).split())
+    slot = piece = None
+    if m := _ID.match(inner):
+        i = int(m.group(1))
+        own = own or t.shapes.get(i)
+        slot = slot_of.get(i)
+        if sm := _SLICE.match(t.terms.get(i, "")):
+            piece = _piece(t, *(int(v) for v in sm.groups()))
+    elif m := _SLICE.match(inner):
+        src, dim, start, end = (int(v) for v in m.groups())
+        if own is None and src in t.shapes:
+            own = t.shapes[src][:dim] + (end - start,) + t.shapes[src][dim + 1 :]
+        piece = _piece(t, src, dim, start, end)
+    return Item(text, shape or own, slot, piece)
+
+
+def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
+    """Length and cycle (first slot of each group) of the member run starting at ``j``."""
+    first = items[j]
+    cycle = [first.slot]
+    q = j + 1
+    while q < len(items) and items[q].slot is not None and items[q].slot[0] not in {s[0] for s in cycle}:
+        cycle.append(items[q].slot)
+        q += 1
+    p, length = len(cycle), 0
+    for r in range(len(items) - j):
+        it, (term, k) = items[j + r], cycle[r % p]
+        if it.slot != (term, k + r // p) or it.shape != first.shape:
+            break
+        length = r + 1
+    if p > 1:
+        length -= length % p
+        if length < 2 * p:
+            return 0, cycle
+    return length, cycle
+
+
+def _strided_run(t: Translation, items: list[Item], j: int) -> tuple[int, int]:
+    """Length and stride of the evenly spaced slices of one source starting at ``j``."""
+    src, dim, a0, b0 = items[j].piece
+    width = b0 - a0
+    if j + 1 >= len(items) or items[j + 1].piece is None or src not in t.shapes:
+        return 0, 0
+    s1, d1, a1, b1 = items[j + 1].piece
+    stride = a1 - a0
+    if (s1, d1, b1 - a1) != (src, dim, width) or stride < width or width <= 0:
+        return 0, 0
+    length = 1
+    while j + length < len(items):
+        it = items[j + length]
+        if it.piece != (src, dim, a0 + length * stride, a0 + length * stride + width) or it.shape != items[j].shape:
+            break
+        length += 1
+    while length >= 2 and a0 + length * stride > t.shapes[src][dim]:
+        length -= 1  # the last piece may end the source: its stride runs past it
+    return (length, stride) if length >= 2 else (0, 0)
+
+
+@dataclass(frozen=True)
+class Run:
+    """items[start:stop], all of one shape; ``build`` makes their stack (a view where it can)."""
+
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+    build: Callable[[Callable[[str], None], Callable[[], int]], str] | None  # None: a single item
+    contiguous_piece: int | None = None  # dim of a run of adjacent slices (cat rules already merge those)
+
+
+def find_runs(t: Translation, items: list[Item]) -> list[Run]:
+    """Split ``items`` into member runs, strided runs and single items, in one pass."""
+    runs, j = [], 0
+    while j < len(items):
+        it = items[j]
+        run = None
+        if it.shape is not None and it.slot is not None:
+            length, cycle = _member_run(items, j)
+            if length >= 2:
+                run = Run(j, j + length, it.shape, _member_stack(cycle, length, it.shape))
+        if run is None and it.shape is not None and it.piece is not None:
+            length, stride = _strided_run(t, items, j)
+            if length >= 2:
+                src, dim, a0, b0 = it.piece
+                run = Run(j, j + length, it.shape, _strided_stack(t.shapes[src], it.piece, stride, length, it.shape),
+                          dim if stride == b0 - a0 else None)
+        runs.append(run or Run(j, j + 1, it.shape, None))
+        j = runs[-1].stop
+    return runs
+
+
+def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]):
+    p = len(cycle)
+
+    def build(emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:
+        if p == 1:
+            term, k = cycle[0]
+            return f"(Reshape (Slice {term} 0 {k} {k + length}) {vec((length,) + shape)})"
+        full = length // p
+        parts = [f"(Reshape (Slice {term} 0 {k} {k + full}) {vec((full, 1) + shape)})" for term, k in cycle]
+        return f"(Reshape (Cat {cons_list(parts, 1, emit, new_list_id)}) {vec((length,) + shape)})"
+
+    return build
+
+
+def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int], stride: int, length: int,
+                   shape: tuple[int, ...]):
+    src, dim, a0, b0 = piece
+
+    def build(emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:
+        window = f"(Slice (Id {src}) {dim} {a0} {a0 + length * stride})"
+        rows = f"(Reshape {window} {vec(src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])})"
+        perm = (dim,) + tuple(range(dim)) + tuple(range(dim + 1, len(src_shape) + 1))
+        picked = f"(Permute (Slice {rows} {dim + 1} 0 {b0 - a0}) {vec(perm)})"
+        return f"(Reshape {picked} {vec((length,) + shape)})"
+
+    return build
+
+
+def stack_term(t: Translation, items: list[Item], emit: Callable[[str], None]) -> str:
+    """``torch.stack(items)`` (all of one shape): a view per run, a unit-dim reshape per other item."""
+    runs = find_runs(t, items)
+    parts = [r.build(emit, t.new_list_id) if r.build else f"(Reshape {items[r.start].text} {vec((1,) + r.shape)})"
+             for r in runs]
+    return parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, 0, emit, t.new_list_id)})"
+
+
+def _flat_items(t: Translation, cat: int, dim: int) -> list[str]:
+    """The cat's items, nested cats on the same dim expanded in place."""
+    out: list[str] = []
+    for text in t.cats[cat][0]:
+        m = _ID.match(text)
+        inner = int(m.group(1)) if m else None
+        if inner is not None and inner in t.cats and t.cats[inner][1] == dim and t.status.get(inner) == "term":
+            out.extend(_flat_items(t, inner, dim))
+        else:
+            out.append(text)
+    return out
+
+
+def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[str], None]) -> int:
+    """Union every cat having a member or strided run with the cat of its runs' views.
+
+    Runs of adjacent slices along the cat's own dim are left to the cat-run rules.
+    Returns how many cats gained an alternative.
+    """
+    added = 0
+    for cat, (_, dim) in t.cats.items():
+        if t.status.get(cat) != "term":
+            continue
+        items = [make_item(t, text, slot_of) for text in _flat_items(t, cat, dim)]
+        runs = find_runs(t, items)
+        if all(r.build is None or r.contiguous_piece == dim for r in runs):
+            continue
+        parts = []
+        for r in runs:
+            if r.build is None:
+                parts.append(items[r.start].text)
+                continue
+            length, s = r.stop - r.start, r.shape
+            perm = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, len(s) + 1))
+            merged = s[:dim] + (length * s[dim],) + s[dim + 1 :]
+            parts.append(f"(Reshape (Permute {r.build(emit, t.new_list_id)} {vec(perm)}) {vec(merged)})")
+        whole = parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, dim, emit, t.new_list_id)})"
+        emit(f"(union (Id {cat}) {whole})")
+        added += 1
+    return added

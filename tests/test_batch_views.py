@@ -1,0 +1,130 @@
+"""Runs of group members and of evenly spaced slices as views (rewrites/batch_views.py):
+the run finder on hand-made lists, then whole models whose stacks and cats they
+turn into views, with forward, input and parameter gradients against eager."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from optimus_eqsat.extract.freezing import fold_parameters
+from optimus_eqsat.extract.fx_cost import predicted_launches
+from optimus_eqsat.rewrites.batch_views import Item, find_runs
+from optimus_eqsat.translate import Translation
+from tests.helpers import optimize_and_check
+
+WIDTHS = (4, 8, 16)
+ACTIVATIONS = (torch.relu, torch.sigmoid, torch.tanh)
+
+
+def _translation(shapes: dict[int, tuple[int, ...]]) -> Translation:
+    t = Translation(gm=None, nodes=[])  # the run finder reads shapes and terms only
+    t.shapes.update(shapes)
+    return t
+
+
+def test_member_runs_contiguous_and_interleaved():
+    t = _translation({})
+    s = (2, 8)
+    items = [Item("x", s)]  # not a member
+    items += [Item(f"g{k}", s, ("(Id 90)", k)) for k in range(3, 7)]  # G[3:7]
+    # A, B, C interleaved for 3 full cycles, then A and B once more (a partial cycle)
+    for k in range(4):
+        items += [Item("a", s, ("(Id 91)", k)), Item("b", s, ("(Id 92)", 5 + k))]
+        if k < 3:
+            items.append(Item("c", s, ("(Id 93)", k)))
+    runs = [(r.start, r.stop, r.build is not None) for r in find_runs(t, items)]
+    assert runs == [(0, 1, False), (1, 5, True), (5, 14, True), (14, 15, False), (15, 16, False)]
+
+
+def test_member_run_breaks_on_gap_shape_or_short_cycle():
+    t = _translation({})
+    s = (2, 8)
+    gap = [Item("g", s, ("(Id 90)", 0)), Item("g", s, ("(Id 90)", 2))]
+    other_shape = [Item("g", s, ("(Id 90)", 0)), Item("g", (2, 4), ("(Id 90)", 1))]
+    one_cycle = [Item("a", s, ("(Id 91)", 0)), Item("b", s, ("(Id 92)", 0)), Item("a", s, ("(Id 91)", 1))]
+    for items in (gap, other_shape):
+        assert all(r.build is None for r in find_runs(t, items))
+    # one full A, B cycle is no cheaper than its items; A[0], A[1] are not adjacent
+    assert all(r.build is None for r in find_runs(t, one_cycle))
+
+
+def test_strided_runs_stop_where_the_stride_leaves_the_source():
+    t = _translation({0: (2, 30)})
+    s = (2, 4)
+    # width 4 at offsets 0, 10, 20: the third piece ends at 24 but its stride window at 30 fits
+    fits = [Item("p", s, piece=(0, 1, o, o + 4)) for o in (0, 10, 20)]
+    assert [(r.start, r.stop) for r in find_runs(t, fits)] == [(0, 3)]
+    t = _translation({0: (2, 26)})
+    # the window of a third stride would end at 30 > 26: the last piece stays on its own
+    assert [(r.start, r.stop) for r in find_runs(t, fits)] == [(0, 2), (2, 3)]
+    adjacent = [Item("p", s, piece=(0, 1, o, o + 4)) for o in (0, 4, 8)]
+    [run] = find_runs(t, adjacent)
+    assert run.contiguous_piece == 1  # left to the cat-run rules when cat on dim 1
+
+
+class Interleaved(nn.Module):
+    """Features of widths cycling through three classes: layer norm, projection and the
+    class's activation, concatenated in feature order (the dynamic-schema shape)."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.widths = [WIDTHS[i % 3] for i in range(features)]
+        self.norms = nn.ModuleList(nn.LayerNorm(w) for w in self.widths)
+        self.projs = nn.ModuleList(nn.Linear(w, 8) for w in self.widths)
+        for n in self.norms:
+            nn.init.normal_(n.weight)
+            nn.init.normal_(n.bias)
+
+    def forward(self, x):
+        pieces = torch.split(x, self.widths, dim=1)
+        outs = [ACTIVATIONS[i % 3](self.projs[i](self.norms[i](pieces[i]))) for i in range(len(self.widths))]
+        return torch.cat(outs, 1)
+
+
+def _parameter_grads(module: nn.Module, fn, x: torch.Tensor) -> list[torch.Tensor]:
+    out = fn(x)
+    params = list(module.parameters())
+    grads = torch.autograd.grad(out, params, torch.ones_like(out), allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def test_interleaved_features_become_a_few_kernels():
+    torch.manual_seed(0)
+    model = Interleaved(features=14)  # 4 full cycles and a partial one
+    x = torch.randn(5, sum(model.widths))
+    gm = torch.fx.symbolic_trace(model)
+    optimized = optimize_and_check(model, x)
+    for expected, got in zip(_parameter_grads(model, model, x), _parameter_grads(model, optimized, x)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    before, after = predicted_launches(gm, (x,), profile="h100"), predicted_launches(optimized, (x,), profile="h100")
+    frozen = predicted_launches(fold_parameters(optimized, (x,)), (x,), profile="h100")
+    # per feature: layer norm, addmm, activation (47 with the cat's copies); batched: per
+    # class a layer norm and a bmm with its activation, one cat of three views, and the
+    # weight stacks (one kernel each unless parameters are frozen)
+    assert before >= 40
+    assert after <= before * 0.6, (before, after)
+    assert frozen <= before // 3, (before, frozen)
+    report = optimized.meta["optimus_eqsat"]
+    assert report.batched.get("cat-views", 0) >= 1
+
+
+class StridedSlices(nn.Module):
+    """Equal-width slices every 6 columns of one input, each through its own layer norm."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+        self.norms = nn.ModuleList(nn.LayerNorm(4) for _ in range(n))
+
+    def forward(self, x):
+        return torch.cat([self.norms[k](x[:, 6 * k : 6 * k + 4]) for k in range(self.n)], dim=1)
+
+
+def test_strided_slices_feed_one_layer_norm():
+    torch.manual_seed(0)
+    model = StridedSlices(5)
+    for x in (torch.randn(3, 30), torch.randn(3, 28)):  # the last stride window fits / runs past the end
+        optimized = optimize_and_check(model, x)
+        norms = [n for n in optimized.graph.nodes if "layer_norm" in str(n.target)]
+        assert len(norms) == 1, optimized.code
