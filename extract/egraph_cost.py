@@ -23,7 +23,7 @@ own dispatch on top: there it never beats the plain linears. Packing terms
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Collection
 
 from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_time
 
@@ -33,7 +33,9 @@ CAT_LAUNCH_SHARE = 0.5
 # A list cell (one cat input) on GPU profiles: past 8 inputs Inductor's cat is a
 # ConcatKernel that copies every input that is not a whole generated buffer, one
 # kernel each, so long lists cost launches by the item. A quarter launch per cell
-# lets runs folded into one view (batch_views.py, the cat-run rules) win.
+# lets runs folded into one view (batch_views.py, the cat-run rules) win. Cells
+# holding graph inputs (a stack of parameters) are free: their copies are one
+# foreach kernel, paid by the Cat.
 CELL_LAUNCH_SHARE = 0.25
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
 
@@ -57,12 +59,15 @@ class EGraphCost:
     """Prices e-nodes: ``cost(class_index, node) -> seconds``.
 
     ``shapes`` maps e-class -> shape; ``op_kind(key)`` gives the kind
-    ("pointwise", "matmul", ...) of an op key used by Unary/Op1-3 nodes.
+    ("pointwise", "matmul", ...) of an op key used by Unary/Op1-3 nodes;
+    ``input_classes`` are the classes of graph inputs and their views
+    (``ExportedEGraph.input_classes``), whose list cells cost nothing.
     """
 
     def __init__(self, shapes: dict[int, tuple[int, ...]], op_kind: Callable[[str], str],
-                 profile: str | DeviceProfile = "h100"):
+                 profile: str | DeviceProfile = "h100", input_classes: Collection[int] = frozenset()):
         self.shapes = shapes
+        self.input_classes = input_classes
         self.op_kind = op_kind
         self.profile = get_profile(profile)
 
@@ -75,7 +80,9 @@ class EGraphCost:
             return VIEW_COST if ctor != "Leaf" else 0.0
         p = self.profile
         if ctor == "TCons":
-            return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT) if p.codegen == "triton" else VIEW_COST
+            if p.codegen != "triton" or node.children[0] in self.input_classes:
+                return VIEW_COST
+            return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
         moved = self._bytes((c,) + node.children)
         if ctor in _ELEMENTWISE:
             full = kernel_time(p, KernelKind.POINTWISE, moved, _numel(self.shapes.get(c)))

@@ -58,6 +58,18 @@ class ExportedEGraph:
     class_of_id: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # class -> shape
 
+    def input_classes(self) -> set[int]:
+        """Classes holding a leaf (graph input, parameter) or a view of one: what Inductor
+        copies into a cat with one foreach kernel, however many there are."""
+        views = {"Slice", "Reshape", "Permute", "Expand"}
+        found = {c for c, nodes in enumerate(self.classes) if any(n.ctor == "Leaf" for n in nodes)}
+        while True:  # view chains are short: a few passes
+            more = {c for c, nodes in enumerate(self.classes) if c not in found
+                    and any(n.ctor in views and n.children[0] in found for n in nodes)}
+            if not more:
+                return found
+            found |= more
+
     def extraction_graph(self, roots: list[int], cost: Callable[[int, TermNode], float]) -> ExtractionGraph:
         """The graph an extractor reads; ``cost(class, node)`` prices each node."""
         classes = [

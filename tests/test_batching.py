@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import pytest
 
+from optimus_eqsat import optimize_graph
 from optimus_eqsat.api import OptimizationRun, OptimizeOptions
 from tests.helpers import assert_same_numerics, op_counts, optimize_and_check
 
@@ -162,3 +163,16 @@ def test_group_linear_is_built_only_where_it_can_pay():
     assert not group_linear_can_pay("h100", 100)  # 0.3 ms + 17 us a member > 99 launches
     cheap = get_profile("h100", grouped_host_s=0.0, grouped_host_s_per_member=2e-7)
     assert group_linear_can_pay(cheap, 2) and group_linear_can_pay(cheap, 1000)
+
+
+def test_refine_tries_variants_within_its_time_limit():
+    torch.manual_seed(0)
+    x = torch.randn(4, FEATURES * WIDTH)
+    gm = torch.fx.symbolic_trace(Towers())
+    refined = optimize_graph(gm, (x,), raise_on_error=True).meta["optimus_eqsat"]
+    assert refined.refine_tried, "the extraction batches, so refine compares variants without each kind"
+    assert all(kinds for kinds in refined.refine_tried)
+    # no variant can end within 0 s: none is started, and the result is the first extraction's
+    hurried = optimize_graph(gm, (x,), raise_on_error=True, refine_time_limit_s=0.0).meta["optimus_eqsat"]
+    assert hurried.refine_tried == []
+    assert hurried.dropped_batches == []
