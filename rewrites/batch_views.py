@@ -203,6 +203,15 @@ def _flat_items(t: Translation, cat: int, dim: int) -> list[str]:
     return out
 
 
+def _only_inside_a_cat(t: Translation, cat: int, dim: int) -> bool:
+    users = list(t.nodes[cat].users)
+    if len(users) != 1:
+        return False
+    outer = t.index.get(users[0])
+    return (outer in t.cats and t.cats[outer][1] == dim and t.status.get(outer) == "term"
+            and f"(Id {cat})" in t.cats[outer][0])  # flattened into it by _flat_items
+
+
 def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[str], None]) -> int:
     """Union every cat having a member or strided run with the cat of its runs' views.
 
@@ -211,8 +220,8 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[s
     """
     added = 0
     for cat, (_, dim) in t.cats.items():
-        if t.status.get(cat) != "term":
-            continue
+        if t.status.get(cat) != "term" or _only_inside_a_cat(t, cat, dim):
+            continue  # an inner cat is covered by its outer one (and a chain of n is not flattened n times)
         items = [make_item(t, text, slot_of) for text in _flat_items(t, cat, dim)]
         runs = find_runs(t, items)
         if all(r.build is None or r.contiguous_piece == dim for r in runs):

@@ -10,6 +10,9 @@ group gains one batched term over stacked operands, and each member is
 unioned with its slice of that term. Saturation then runs again: the stacks
 cancel against surrounding splits and cats (a stack of slices of one tensor
 is a view of it), and the extractor decides whether the batched program pays.
+Runs of other groups' members and of evenly spaced slices are stacked as views
+from the start, and every cat of such runs gains a view-built alternative
+(batch_views.py); groups are built in dependency order for that (build_order).
 
 Covers Inductor's group_batch_fusion.py (OPTIMUS_PATTERNS.md):
   batch_linear (22, 27)        same-shaped linears  -> one bmm over stacked operands

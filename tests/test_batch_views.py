@@ -128,3 +128,18 @@ def test_strided_slices_feed_one_layer_norm():
         optimized = optimize_and_check(model, x)
         norms = [n for n in optimized.graph.nodes if "layer_norm" in str(n.target)]
         assert len(norms) == 1, optimized.code
+
+
+def accumulate(x):
+    """A chain of cats, each appending one activated slice: one flat list, built once."""
+    pieces = torch.split(x, 4, dim=1)
+    acc = torch.relu(pieces[0])
+    for k in range(1, 12):
+        acc = torch.cat([acc, torch.relu(pieces[k] * 2.0)], dim=1)
+    return acc
+
+
+def test_nested_cat_chain_gains_one_alternative():
+    x = torch.randn(3, 4 * 12)
+    optimized = optimize_and_check(accumulate, x)
+    assert optimized.meta["optimus_eqsat"].batched.get("cat-views") == 1
