@@ -33,10 +33,12 @@ CAT_LAUNCH_SHARE = 0.5
 # A list cell (one cat input) on GPU profiles: past 8 inputs Inductor's cat is a
 # ConcatKernel that copies every input that is not a whole generated buffer, one
 # kernel each, so long lists cost launches by the item. A quarter launch per cell
+# beyond the 8th (counted from the list's end: cells of shorter lists are free)
 # lets runs folded into one view (batch_views.py, the cat-run rules) win. Cells
 # holding graph inputs (a stack of parameters) are free: their copies are one
 # foreach kernel, paid by the Cat.
 CELL_LAUNCH_SHARE = 0.25
+POINTWISE_CAT_INPUTS = 8  # fx_cost.MAX_POINTWISE_CAT_INPUTS: a cat of at most 8 fuses
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
 
 _VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil"}
@@ -61,13 +63,17 @@ class EGraphCost:
     ``shapes`` maps e-class -> shape; ``op_kind(key)`` gives the kind
     ("pointwise", "matmul", ...) of an op key used by Unary/Op1-3 nodes;
     ``input_classes`` are the classes of graph inputs and their views
-    (``ExportedEGraph.input_classes``), whose list cells cost nothing.
+    (``ExportedEGraph.input_classes``), whose list cells cost nothing;
+    ``list_lengths`` the fewest members each list class can hold
+    (``ExportedEGraph.list_lengths``): cells of lists of at most 8 are free.
     """
 
     def __init__(self, shapes: dict[int, tuple[int, ...]], op_kind: Callable[[str], str],
-                 profile: str | DeviceProfile = "h100", input_classes: Collection[int] = frozenset()):
+                 profile: str | DeviceProfile = "h100", input_classes: Collection[int] = frozenset(),
+                 list_lengths: dict[int, int] | None = None):
         self.shapes = shapes
         self.input_classes = input_classes
+        self.list_lengths = list_lengths or {}
         self.op_kind = op_kind
         self.profile = get_profile(profile)
 
@@ -80,7 +86,8 @@ class EGraphCost:
             return VIEW_COST if ctor != "Leaf" else 0.0
         p = self.profile
         if ctor == "TCons":
-            if p.codegen != "triton" or node.children[0] in self.input_classes:
+            if (p.codegen != "triton" or node.children[0] in self.input_classes
+                    or self.list_lengths.get(c, 0) <= POINTWISE_CAT_INPUTS):
                 return VIEW_COST
             return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
         moved = self._bytes((c,) + node.children)

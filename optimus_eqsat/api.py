@@ -264,7 +264,7 @@ class OptimizationRun:
             self.egraph = export(self.session.egraph)
         report.eclasses = len(self.egraph.classes)
         self.cost = EGraphCost(self.egraph.shapes, lambda key: t.registry.specs[key].kind, opts.profile,
-                               self.egraph.input_classes())
+                               self.egraph.input_classes(), self.egraph.list_lengths())
 
     @property
     def roots(self) -> list[int]:

@@ -70,6 +70,30 @@ class ExportedEGraph:
                 return found
             found |= more
 
+    def list_lengths(self) -> dict[int, int]:
+        """Fewest members of any list each list class can be (TNil 0, TCons 1 + tail): a
+        breadth-first walk up from the ends, so a 2,000-item list costs one pass."""
+        parents: dict[int, list[int]] = {}
+        length: dict[int, int] = {}
+        frontier = []
+        for c, nodes in enumerate(self.classes):
+            for n in nodes:
+                if n.ctor == "TNil":
+                    frontier.append(c)
+                elif n.ctor == "TCons":
+                    parents.setdefault(n.children[1], []).append(c)
+        for c in frontier:
+            length[c] = 0
+        while frontier:
+            nxt = []
+            for tail in frontier:
+                for c in parents.get(tail, ()):
+                    if c not in length:
+                        length[c] = length[tail] + 1
+                        nxt.append(c)
+            frontier = nxt
+        return length
+
     def extraction_graph(self, roots: list[int], cost: Callable[[int, TermNode], float]) -> ExtractionGraph:
         """The graph an extractor reads; ``cost(class, node)`` prices each node."""
         classes = [

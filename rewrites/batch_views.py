@@ -17,7 +17,7 @@ cell; but two kinds of runs in such lists are views of one tensor:
   offsets a, a+P, a+2P, ... (P >= w): ``x.narrow(d, a, L*P)`` unflattened to
   (L, P) at d, sliced to w, with the L dim moved to the front.
 
-:func:`stack_term` builds ``torch.stack(items)`` from such runs (batching's
+:func:`stack_terms` builds ``torch.stack(items)`` from such runs (batching's
 operand stacks); :func:`cat_alternatives` gives every concatenation of the
 graph (nested cats on one dim flattened) an alternative built from its runs,
 so a cat of all members of a batched group is a view of the batched term and
@@ -131,6 +131,7 @@ class Run:
     shape: tuple[int, ...]
     build: Callable[[Callable[[str], None], Callable[[], int]], str] | None  # None: a single item
     contiguous_piece: int | None = None  # dim of a run of adjacent slices (cat rules already merge those)
+    members: bool = False  # a member run: its items may also be computed one by one
 
 
 def find_runs(t: Translation, items: list[Item]) -> list[Run]:
@@ -142,7 +143,7 @@ def find_runs(t: Translation, items: list[Item]) -> list[Run]:
         if it.shape is not None and it.slot is not None:
             length, cycle = _member_run(items, j)
             if length >= 2:
-                run = Run(j, j + length, it.shape, _member_stack(cycle, length, it.shape))
+                run = Run(j, j + length, it.shape, _member_stack(cycle, length, it.shape), members=True)
         if run is None and it.shape is not None and it.piece is not None:
             length, stride = _strided_run(t, items, j)
             if length >= 2:
@@ -182,12 +183,22 @@ def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int],
     return build
 
 
-def stack_term(t: Translation, items: list[Item], emit: Callable[[str], None]) -> str:
-    """``torch.stack(items)`` (all of one shape): a view per run, a unit-dim reshape per other item."""
+def stack_terms(t: Translation, items: list[Item], emit: Callable[[str], None]) -> list[str]:
+    """Equal terms for ``torch.stack(items)`` (all of one shape): a view per run and a
+    unit-dim reshape per other item; and, when a run holds group members, the plain
+    stack of the items too, so the extractor may still compute those one by one
+    (their group need not be batched for this stack to be)."""
     runs = find_runs(t, items)
-    parts = [r.build(emit, t.new_list_id) if r.build else f"(Reshape {items[r.start].text} {vec((1,) + r.shape)})"
-             for r in runs]
-    return parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, 0, emit, t.new_list_id)})"
+
+    def single(item: Item, shape: tuple[int, ...]) -> str:
+        return f"(Reshape {item.text} {vec((1,) + shape)})"
+
+    parts = [r.build(emit, t.new_list_id) if r.build else single(items[r.start], r.shape) for r in runs]
+    terms = [parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, 0, emit, t.new_list_id)})"]
+    if any(r.members for r in runs):
+        plain = [single(it, runs[0].shape) for it in items]
+        terms.append(f"(Cat {cons_list(plain, 0, emit, t.new_list_id)})")
+    return terms
 
 
 def _flat_items(t: Translation, cat: int, dim: int) -> list[str]:

@@ -52,7 +52,7 @@ from ..kernels.grouped_linear import grouped_linear
 from ..opspec import GATHER, GROUPED_MATMUL, GROUPED_MEMBER, MATMUL, PACK, POINTWISE, REDUCTION, OpSpec, Slot
 from ..terms import cons_list, vec
 from ..translate import Translation
-from .batch_views import cat_alternatives, make_item, stack_term
+from .batch_views import cat_alternatives, make_item, stack_terms
 
 MIN_GROUP = 2  # the cost model, not a threshold, decides whether a group pays
 
@@ -169,7 +169,10 @@ class BatchBuilder:
         """
         shapes = [(1,) * (rank - len(self.t.shapes[i])) + self.t.shapes[i] for i in ids]
         items = [make_item(self.t, f"(Id {i})", self.slot_of, s) for i, s in zip(ids, shapes)]
-        return self.new(stack_term(self.t, items, self.facts.append)), (len(ids),) + shapes[0]
+        first, *others = stack_terms(self.t, items, self.facts.append)
+        stacked = self.new(first)
+        self.facts.extend(f"(union {stacked} {term})" for term in others)
+        return stacked, (len(ids),) + shapes[0]
 
     def unstack(self, batched: str, members: list[int]) -> None:
         self.outputs.append(int(_ID.match(batched).group(1)))

@@ -143,3 +143,18 @@ def test_nested_cat_chain_gains_one_alternative():
     x = torch.randn(3, 4 * 12)
     optimized = optimize_and_check(accumulate, x)
     assert optimized.meta["optimus_eqsat"].batched.get("cat-views") == 1
+
+
+def test_build_order_puts_readers_after_the_groups_they_read():
+    from optimus_eqsat.rewrites.batching import Candidate, build_order
+
+    def c(node: int, *operands: int) -> Candidate:
+        return Candidate(node, "Unary", "relu", operands, "")
+
+    acts = [c(10, 1), c(20, 2)]  # read graph inputs
+    muls = [c(11, 10), c(15, 20)]  # read the acts; last member (15) before the acts' (20)
+    a, b = [c(30, 3), c(41, 40)], [c(40, 4), c(31, 30)]  # read each other: ordered by last member
+    order = build_order([muls, acts, a, b])
+    assert sorted(order) == [0, 1, 2, 3]
+    assert order.index(1) < order.index(0)  # acts before the muls that read them
+    assert order.index(3) < order.index(2)  # b (last member 31) before a (41)

@@ -380,3 +380,34 @@ def test_triton_concat_kernel_copies():
 
     notes = _gpu(slices, torch.randn(20, 32, 4), torch.randn(20, 4, 8))
     assert len(notes) == 1 + 20  # bmm, 20 copies
+
+
+def _list_egraph(items: int, leaf_items: bool):
+    """Classes: 0 = leaf, 1 = computed tensor, then one list class per suffix (last = TNil)."""
+    from optimus_eqsat.egraph_export import ClassRef, ExportedEGraph, TermNode
+
+    eg = ExportedEGraph()
+    eg.classes = [[TermNode("Leaf", (0,))], [TermNode("Unary", ("relu", ClassRef(0)))]]
+    head = 0 if leaf_items else 1
+    tail = len(eg.classes)
+    eg.classes.append([TermNode("TNil", (1,))])
+    for _ in range(items):
+        eg.classes.append([TermNode("TCons", (ClassRef(head), ClassRef(tail)))])
+        tail = len(eg.classes) - 1
+    return eg, tail
+
+
+@pytest.mark.parametrize("items, leaf_items, paid", [(8, False, 0), (12, False, 4), (12, True, 0)])
+def test_list_cells_cost_launches_past_eight_computed_inputs(items, leaf_items, paid):
+    from optimus_eqsat.extract.egraph_cost import CELL_LAUNCH_SHARE, VIEW_COST, EGraphCost
+
+    eg, head_cell = _list_egraph(items, leaf_items)
+    lengths = eg.list_lengths()
+    assert lengths[head_cell] == items
+    cost = EGraphCost({}, lambda key: "pointwise", "h100", eg.input_classes(), lengths)
+    cells = [(c, nodes[0]) for c, nodes in enumerate(eg.classes) if nodes[0].ctor == "TCons"]
+    total = sum(cost(c, n) for c, n in cells)
+    launch = get_profile("h100").launch_s(K.CAT)
+    assert total == pytest.approx(paid * CELL_LAUNCH_SHARE * launch + (items - paid) * VIEW_COST)
+    cpu = EGraphCost({}, lambda key: "pointwise", "cpu", eg.input_classes(), lengths)
+    assert sum(cpu(c, n) for c, n in cells) == pytest.approx(items * VIEW_COST)  # one CPU cat kernel
