@@ -175,8 +175,28 @@ class Rebuilder:
         if node.ctor == "Leaf":
             return [] if node.args[0] in self.t.param_leaves else [("orig", node.args[0])]
         if node.ctor == "Cat":
-            return [("class", m) for m in self._list_members(node.args[0].index)[0]]
+            members, dim = self._list_members(node.args[0].index)
+            return [("class", m) for m in self._stacked(members, dim) or members]
         return [("class", ch) for ch in node.children]
+
+    def _stacked(self, members: list[int], dim: int) -> list[int] | None:
+        """The classes a cat's members reshape, when the cat is a stack of them: every
+        member is chosen as a reshape that inserts a unit dim at ``dim`` or, at dim 0,
+        any reshape to one shape with a leading 1 (then the stack is reshaped once).
+        Emitted as one ``torch.stack``: a stack of 2,000 parameters is one node, not
+        2,000 reshapes and a cat."""
+        inner, shapes = [], set()
+        for m in members:
+            node = self._chosen(m)
+            if node.ctor != "Reshape" or node.args[0].index not in self.eg.shapes:
+                return None
+            inner.append(node.args[0].index)
+            shapes.add((tuple(node.args[1]), self.eg.shapes[node.args[0].index]))
+        if len(shapes) != 1:
+            return None  # torch.stack needs one shape
+        ((target, source),) = shapes
+        unsqueezed = target == source[:dim] + (1,) + source[dim:]
+        return inner if inner and (unsqueezed or dim == 0 and target[:1] == (1,)) else None
 
     # ---------------------------------------------------------------- emission
     def _emit(self, task: tuple[str, int]) -> None:
@@ -225,6 +245,13 @@ class Rebuilder:
             new = g.call_method("expand", (val(args[0]), list(args[1])))
         elif ctor == "Cat":
             members, dim = self._list_members(args[0].index)
+            stacked = self._stacked(members, dim)
+            if stacked is not None:
+                new = g.call_function(torch.stack, ([self.of_class[x] for x in stacked], dim))
+                item = self._chosen(members[0]).args[1]
+                if tuple(item) != self.eg.shapes[stacked[0]][:dim] + (1,) + self.eg.shapes[stacked[0]][dim:]:
+                    new = g.call_function(torch.reshape, (new, [len(stacked), *list(item)[1:]]))
+                return new
             return g.call_function(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)

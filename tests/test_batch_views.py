@@ -107,6 +107,10 @@ def test_interleaved_features_become_a_few_kernels():
     assert frozen <= before // 3, (before, frozen)
     report = optimized.meta["optimus_eqsat"]
     assert report.batched.get("cat-views", 0) >= 1
+    # weight stacks are emitted as torch.stack of the parameters, not a reshape per parameter
+    targets = [n.target for n in optimized.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.stack) >= 12
+    assert targets.count(torch.reshape) < 42, targets.count(torch.reshape)
 
 
 class StridedSlices(nn.Module):
