@@ -39,6 +39,8 @@ _SLICE = re.compile(r"^\(Slice \(Id (\d+)\) (\d+) (\d+) (\d+)\)$")
 _RESHAPE = re.compile(r"^\(Reshape (.*) \(vec-of ([\d ]+)\)\)$")
 
 Slot = tuple[str, int]  # (batched term, position of the member in it)
+# Writes a run's stack term: given where to emit list-naming facts and fresh list ids.
+StackBuilder = Callable[[Callable[[str], None], Callable[[], int]], str]
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ class Run:
     start: int
     stop: int
     shape: tuple[int, ...]
-    build: Callable[[Callable[[str], None], Callable[[], int]], str] | None  # None: a single item
+    build: StackBuilder | None  # None: a single item
     contiguous_piece: int | None = None  # dim of a run of adjacent slices (cat rules already merge those)
     members: bool = False  # a member run: its items may also be computed one by one
 
@@ -155,7 +157,7 @@ def find_runs(t: Translation, items: list[Item]) -> list[Run]:
     return runs
 
 
-def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]):
+def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]) -> StackBuilder:
     p = len(cycle)
 
     def build(emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:
@@ -170,7 +172,7 @@ def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]):
 
 
 def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int], stride: int, length: int,
-                   shape: tuple[int, ...]):
+                   shape: tuple[int, ...]) -> StackBuilder:
     src, dim, a0, b0 = piece
 
     def build(emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:

@@ -1074,6 +1074,33 @@ def b_batch_layer_norms(b: _Builder) -> bool:
     return True
 
 
+def b_feature_classes(b: _Builder) -> bool:
+    """Features of two widths in turn, sliced from one tensor: each normalized, projected
+    and activated by its class's function, concatenated (or stacked) in feature order
+    (batch views: evenly spaced slices, members interleaved from two groups)."""
+    x = b.pick(lambda t: t.dim() >= 2 and t.shape[-1] >= 6)
+    if x is None:
+        return False
+    s = b.shape(x)
+    r, size = len(s), s[-1]
+    cycle = (2, b.choice([2, 3]))
+    widths: list[int] = []
+    while sum(widths) + cycle[len(widths) % 2] <= size:
+        widths.append(cycle[len(widths) % 2])
+    if sum(widths) < size:
+        widths.append(size - sum(widths))
+    pieces = b.dim_call(torch.split, "split", x, -1, widths)
+    n_out = b.choice(_DIM_CHOICES[1:])
+    outs = []
+    for i, w in enumerate(widths):
+        y = b.fn(F.layer_norm, b.getitem(pieces, i), [w], b.param([w], 0.5), b.param([w], 0.1))
+        y = _linear(b, y, n_out, True)
+        outs.append(b.either(torch.relu, "relu", y) if i % 2 == 0 else b.either(torch.tanh, "tanh", y))
+    b.tag("tangle:feature_classes")
+    b.keep(_cat(b, outs, r - 1, r) if b.coin(0.7) else _stack(b, outs, 0, r))
+    return True
+
+
 # -- opaque ops ---------------------------------------------------------------
 
 
@@ -1219,6 +1246,7 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("batch_linears", 1.5, b_batch_linears, ""),
     ("shared_linears", 1, b_shared_linears, ""),
     ("batch_layer_norms", 0.7, b_batch_layer_norms, ""),
+    ("feature_classes", 0.7, b_feature_classes, ""),
     ("opaque", 2, b_opaque, "opaque"),
     ("inplace", 5, b_inplace, "inplace"),
 ]
@@ -1254,6 +1282,7 @@ ALL_FAMILIES: tuple[str, ...] = tuple(
         "tangle:batch_linears",
         "tangle:shared_linears",
         "tangle:batch_layer_norms",
+        "tangle:feature_classes",
     ]
     + [f"opaque:{k}" for k in ("cumsum", "flip", "roll", "sort", "wrapped", "topk", "max_dim")]
     + [f"inplace:{k}" for k in ("add_", "mul_", "copy_", "relu_")]

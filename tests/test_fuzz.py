@@ -17,6 +17,7 @@ tests mean something even before ``optimize_graph`` exists.
 from __future__ import annotations
 
 import copy
+import copy
 import dataclasses
 import operator
 import os
@@ -167,12 +168,43 @@ def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, 
     assert len(out_o) == len(out_e), f"{len(out_o)} outputs, expected {len(out_e)}"
     for i, (a, e) in enumerate(zip(out_o, out_e)):
         assert a.shape == e.shape and a.dtype == e.dtype, f"output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
-        _close(a, e, f"output {i}")
-    for i, (a, e) in enumerate(zip(gin_o, gin_e)):
-        _close(a, e, f"grad of float input {i}", ATOL_GRAD)
-    for name, a, e in zip(eager_params, gpar_o, gpar_e):
-        _close(a, e, f"grad of parameter {name}", ATOL_GRAD)
+    checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
+    checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
+    checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
+    reference: list = []
+    for k, (a, e, what, atol) in enumerate(checks):
+        try:
+            _close(a, e, what, atol)
+        except AssertionError:
+            # Ill-conditioned random programs (x**2 of a gram matrix, a layer norm over two
+            # close values) make eager float32 itself inaccurate: arbitrate in float64.
+            reference = reference or _float64_reference(g, upstream)
+            if not _no_less_accurate(a, e, reference[k]):
+                raise
     return result
+
+
+def _float64_reference(g: GeneratedGraph, upstream: list) -> list[Optional[torch.Tensor]]:
+    """Outputs, input gradients and parameter gradients of ``g`` run in float64, in
+    the order check_optimizer compares them."""
+    gm = copy.deepcopy(g.gm).double()
+    inputs = [t.double() if t.is_floating_point() else t for t in g.example_inputs]
+    ups = [u.double() if u.is_floating_point() else u for u in upstream]
+    outs, gin, gpar, _ = _run(gm, inputs, dict(gm.named_parameters()), ups)
+    return [*outs, *gin, *gpar]
+
+
+def _no_less_accurate(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor],
+                      exact: Optional[torch.Tensor]) -> bool:
+    """The optimized value is at most twice as far from float64 as eager float32 is
+    (plus float32 rounding at the value's magnitude)."""
+    if exact is None:
+        return False
+    exact = exact.detach()
+    a = torch.zeros_like(exact) if actual is None else actual.detach().double()
+    e = torch.zeros_like(exact) if expected is None else expected.detach().double()
+    scale = max(1.0, float(exact.abs().max())) if exact.numel() else 1.0
+    return float((a - exact).abs().max()) <= 2 * float((e - exact).abs().max()) + 1e-6 * scale
 
 
 def _explain(flavour: str, seed: int, g: GeneratedGraph) -> str:
