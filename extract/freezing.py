@@ -18,11 +18,12 @@ which they are ``get_attr`` constants, so any launch predictor
 from __future__ import annotations
 
 import copy
-import functools
 from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+
+from .fx_cost import fetch_attr
 
 __all__ = ["fold_parameters", "parameter_placeholders"]
 
@@ -58,8 +59,8 @@ def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.Gra
             values[node] = value.detach()
     for node in out.graph.nodes:
         if node.op == "get_attr":
-            if isinstance(node.target, str):  # a dotted path under symbolic_trace ("projs.3.bias")
-                values[node] = functools.reduce(getattr, node.target.split("."), out)
+            if isinstance(node.target, str):
+                values[node] = fetch_attr(out, node.target)
             continue
         if node.op != "call_function" and node.op != "call_method" or _impure(node):
             continue

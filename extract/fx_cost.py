@@ -283,7 +283,7 @@ FLOPS_PER_ELEMENT: dict[str, float] = {
 # Op names and classification
 # --------------------------------------------------------------------------
 
-def _target_name(target: Any) -> str:
+def target_name(target: Any) -> str:
     """Normalized op name of a call_function / call_method target."""
     if isinstance(target, str):
         return target
@@ -292,6 +292,14 @@ def _target_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverloadPacket):
         return target._qualified_op_name.split("::")[-1]
     return getattr(target, "__name__", type(target).__name__)
+
+
+def fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    """The value a ``get_attr`` node reads: ``target`` is a dotted path ("projs.3.bias")."""
+    obj: Any = gm
+    for atom in target.split("."):
+        obj = getattr(obj, atom)
+    return obj
 
 
 def _lookup(name: str) -> KernelKind | None:
@@ -353,7 +361,7 @@ def _classify(gm: fx.GraphModule, node: fx.Node, infos: list[TensorInfo] | None)
             return _module_kind(gm.get_submodule(node.target))
         except AttributeError:
             return K.OPAQUE
-    name = _target_name(node.target)
+    name = target_name(node.target)
     kind = _lookup(name)
     if kind is None:
         kind = K.OPAQUE
@@ -657,7 +665,7 @@ class _Fusion:
             return self.base[inp]  # approximation, see the module docstring (rule 3)
         node = inp
         while node is not self.base[inp]:
-            if _target_name(node.target) not in _WHOLE_VIEW_OPS and node.op != "call_module":
+            if target_name(node.target) not in _WHOLE_VIEW_OPS and node.op != "call_module":
                 return inp
             node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else node.all_input_nodes[0]
         return node
@@ -911,7 +919,7 @@ class PredictedKernel:
 def _op_label(gm: fx.GraphModule, node: fx.Node) -> str:
     if node.op == "call_module":
         return type(gm.get_submodule(node.target)).__name__
-    return _target_name(node.target)
+    return target_name(node.target)
 
 
 def _nbytes(infos: list[TensorInfo] | None) -> int:
@@ -1284,7 +1292,7 @@ def _extern_kernel(node: fx.Node, kinds, cost: _Costing, prof: DeviceProfile,
 def _grouped_linear_kernels(node: fx.Node, cost: _Costing, prof: DeviceProfile,
                             gm: fx.GraphModule) -> list[PredictedKernel]:
     """Kernels of a grouped linear call ``(xs, ws, bs)``; [] for any other node."""
-    if node.op != "call_function" or _target_name(node.target) not in GROUPED_OPS or len(node.args) < 2:
+    if node.op != "call_function" or target_name(node.target) not in GROUPED_OPS or len(node.args) < 2:
         return []
     xs, ws = node.args[0], node.args[1]
     bs = node.args[2] if len(node.args) > 2 and node.args[2] is not None else [None] * len(xs)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from .extract.fx_cost import SHAPE_META, TensorInfo, node_tensor_infos
+from .extract.fx_cost import SHAPE_META, TensorInfo, fetch_attr, node_tensor_infos, target_name
 from .egraph_export import ClassRef, ExportedEGraph, TermNode
 from .translate import VIEW_OPS, Translation
 from .normalize import canonical_name
@@ -176,15 +176,16 @@ class Rebuilder:
             return [] if node.args[0] in self.t.param_leaves else [("orig", node.args[0])]
         if node.ctor == "Cat":
             members, dim = self._list_members(node.args[0].index)
-            return [("class", m) for m in self._stacked(members, dim) or members]
+            stacked = self._stacked(members, dim)
+            return [("class", m) for m in (stacked[0] if stacked else members)]
         return [("class", ch) for ch in node.children]
 
-    def _stacked(self, members: list[int], dim: int) -> list[int] | None:
+    def _stacked(self, members: list[int], dim: int) -> tuple[list[int], tuple[int, ...] | None] | None:
         """The classes a cat's members reshape, when the cat is a stack of them: every
         member is chosen as a reshape that inserts a unit dim at ``dim`` or, at dim 0,
-        any reshape to one shape with a leading 1 (then the stack is reshaped once).
-        Emitted as one ``torch.stack``: a stack of 2,000 parameters is one node, not
-        2,000 reshapes and a cat."""
+        any reshape to one shape with a leading 1; with the shape the stack is then
+        reshaped to (None: none needed). Emitted as one ``torch.stack``: a stack of
+        2,000 parameters is one node, not 2,000 reshapes and a cat."""
         inner, shapes = [], set()
         for m in members:
             node = self._chosen(m)
@@ -195,8 +196,11 @@ class Rebuilder:
         if len(shapes) != 1:
             return None  # torch.stack needs one shape
         ((target, source),) = shapes
-        unsqueezed = target == source[:dim] + (1,) + source[dim:]
-        return inner if inner and (unsqueezed or dim == 0 and target[:1] == (1,)) else None
+        if target == source[:dim] + (1,) + source[dim:]:
+            return inner, None
+        if dim == 0 and target[:1] == (1,):
+            return inner, (len(inner), *target[1:])
+        return None
 
     # ---------------------------------------------------------------- emission
     def _emit(self, task: tuple[str, int]) -> None:
@@ -247,11 +251,9 @@ class Rebuilder:
             members, dim = self._list_members(args[0].index)
             stacked = self._stacked(members, dim)
             if stacked is not None:
-                new = g.call_function(torch.stack, ([self.of_class[x] for x in stacked], dim))
-                item = self._chosen(members[0]).args[1]
-                if tuple(item) != self.eg.shapes[stacked[0]][:dim] + (1,) + self.eg.shapes[stacked[0]][dim:]:
-                    new = g.call_function(torch.reshape, (new, [len(stacked), *list(item)[1:]]))
-                return new
+                sources, reshaped = stacked
+                new = g.call_function(torch.stack, ([self.of_class[x] for x in sources], dim))
+                return new if reshaped is None else g.call_function(torch.reshape, (new, list(reshaped)))
             return g.call_function(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)
@@ -373,15 +375,6 @@ _METADATA_MUTATORS = frozenset({
 })
 
 
-def _target_name(node: torch.fx.Node) -> str:
-    t = node.target
-    if isinstance(t, str):
-        return t
-    if isinstance(t, torch._ops.OpOverload):
-        return t._schema.name.split("::")[-1]
-    return getattr(t, "__name__", "")
-
-
 def _basic_index(idx: Any) -> bool:
     """Indexing that is a view: ints, int slices, None, Ellipsis."""
     items = idx if isinstance(idx, tuple) else (idx,)
@@ -411,13 +404,6 @@ def _same_device_fakes(xs: Any, mode: Any) -> bool:
         return False
     device = xs[0].fake_device if isinstance(xs[0], FakeTensor) else None
     return all(isinstance(x, FakeTensor) and x.fake_mode is mode and x.fake_device == device for x in xs)
-
-
-def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for atom in target.split("."):
-        obj = getattr(obj, atom)
-    return obj
 
 
 def _same_meta(old: Any, new: torch.Tensor, device: torch.device, mode: Any) -> bool:
@@ -476,7 +462,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
 
     nodes = list(gm.graph.nodes)
     for n in nodes:
-        if n.op in ("call_function", "call_method") and _target_name(n) in _METADATA_MUTATORS:
+        if n.op in ("call_function", "call_method") and target_name(n.target) in _METADATA_MUTATORS:
             return None
         if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator):
             return None
@@ -547,7 +533,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                 continue
             if op == "get_attr":
                 leave_kernel()
-                real = _fetch_attr(gm, n.target)
+                real = fetch_attr(gm, n.target)
                 if isinstance(real, torch.Tensor):
                     env[n] = fake = real if isinstance(real, FakeTensor) else mode.from_tensor(real, static_shapes=True)
                     val = extract(fake)
