@@ -174,9 +174,13 @@ class BatchBuilder:
         self.facts.extend(f"(union {stacked} {term})" for term in others)
         return stacked, (len(ids),) + shapes[0]
 
-    def unstack(self, batched: str, members: list[int]) -> None:
+    def record(self, batched: str, members: list[int]) -> None:
+        """Note a group's batched term ``(Id k)`` and its member nodes."""
         self.outputs.append(int(_ID.match(batched).group(1)))
         self.groups.append((self.outputs[-1], list(members)))
+
+    def unstack(self, batched: str, members: list[int]) -> None:
+        self.record(batched, members)
         for k, m in enumerate(members):
             self.facts.append(f"(union (Id {m}) (Reshape (Slice {batched} 0 {k} {k + 1}) {vec(self.t.shapes[m])}))")
             self.slot_of[m] = (batched, k)
@@ -283,8 +287,7 @@ def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
         y = b.new(f"(Op3 \"{c0.key}\" (Id {x}) {w} {bias})", out_shape)
     else:
         y = b.new(f"(Op2 \"{c0.key}\" (Id {x}) {w})", out_shape)
-    b.outputs.append(int(_ID.match(y).group(1)))
-    b.groups.append((b.outputs[-1], [c.node for c in group]))
+    b.record(y, [c.node for c in group])
     last, start = len(out_shape) - 1, 0
     for c, width in zip(group, widths):
         b.facts.append(f"(union (Id {c.node}) (Slice {y} {last} {start} {start + width}))")
@@ -378,8 +381,7 @@ def _group_linear(b: BatchBuilder, group: list[Candidate]) -> None:
         packed = b.new(f"(Op3 \"{item_b}\" {ids})" if c.key == "linear_b" else f"(Op2 \"{item}\" {ids})")
         chain = b.new(f"(Op1 \"{first}\" {packed})" if chain is None else f"(Op2 \"{cons}\" {chain} {packed})")
     y = b.new(f"(Op1 \"{call}\" {chain})")
-    b.outputs.append(int(_ID.match(y).group(1)))
-    b.groups.append((b.outputs[-1], [c.node for c in group]))
+    b.record(y, [c.node for c in group])
     for k, c in enumerate(group):
         get = reg.add_named(f"gl_get:{k}", OpSpec("call_function", operator.getitem, (Slot(0), k), (), PACK))
         b.facts.append(f"(union (Id {c.node}) (Op1 \"{get}\" {y}))")
@@ -474,8 +476,7 @@ def _batch_embedding(b: BatchBuilder, group: list[Candidate]) -> None:
     table = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, t.new_list_id)})", (sum(rows), width))
     lookup = t.registry.register(OpSpec("call_function", F.embedding, (Slot(0), Slot(1)), (), GATHER))
     y = b.new(f"(Op2 \"{lookup}\" {indices} {table})", (total, width))
-    b.outputs.append(int(_ID.match(y).group(1)))
-    b.groups.append((b.outputs[-1], [c.node for c in group]))
+    b.record(y, [c.node for c in group])
     for c, start, n in zip(group, starts, counts):
         b.facts.append(f"(union (Id {c.node}) (Reshape (Slice {y} 0 {start} {start + n}) {vec(t.shapes[c.node])}))")
 
