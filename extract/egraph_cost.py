@@ -26,6 +26,7 @@ import math
 from typing import Callable, Collection
 
 from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_time
+from .fx_cost import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
 
 VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
 FUSED_LAUNCH_SHARE = 0.25
@@ -38,7 +39,6 @@ CAT_LAUNCH_SHARE = 0.5
 # holding graph inputs (a stack of parameters) are free: their copies are one
 # foreach kernel, paid by the Cat.
 CELL_LAUNCH_SHARE = 0.25
-POINTWISE_CAT_INPUTS = 8  # fx_cost.MAX_POINTWISE_CAT_INPUTS: a cat of at most 8 fuses
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
 
 _VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil"}
@@ -87,7 +87,7 @@ class EGraphCost:
         p = self.profile
         if ctor == "TCons":
             if (p.codegen != "triton" or node.children[0] in self.input_classes
-                    or self.list_lengths.get(c, 0) <= POINTWISE_CAT_INPUTS):
+                    or self.list_lengths.get(c, 0) <= MAX_POINTWISE_CAT_INPUTS):
                 return VIEW_COST
             return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
         moved = self._bytes((c,) + node.children)

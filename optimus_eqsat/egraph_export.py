@@ -61,38 +61,34 @@ class ExportedEGraph:
     def input_classes(self) -> set[int]:
         """Classes holding a leaf (graph input, parameter) or a view of one: what Inductor
         copies into a cat with one foreach kernel, however many there are."""
-        views = {"Slice", "Reshape", "Permute", "Expand"}
-        found = {c for c, nodes in enumerate(self.classes) if any(n.ctor == "Leaf" for n in nodes)}
-        while True:  # view chains are short: a few passes
-            more = {c for c, nodes in enumerate(self.classes) if c not in found
-                    and any(n.ctor in views and n.children[0] in found for n in nodes)}
-            if not more:
-                return found
-            found |= more
+        return set(self._steps_up({"Leaf"}, {"Slice", "Reshape", "Permute", "Expand"}, child=0))
 
     def list_lengths(self) -> dict[int, int]:
-        """Fewest members of any list each list class can be (TNil 0, TCons 1 + tail): a
-        breadth-first walk up from the ends, so a 2,000-item list costs one pass."""
+        """Fewest members of any list each list class can be (TNil 0, TCons 1 + tail)."""
+        return self._steps_up({"TNil"}, {"TCons"}, child=1)
+
+    def _steps_up(self, seeds: set[str], edges: set[str], child: int) -> dict[int, int]:
+        """Breadth-first from the classes holding a ``seeds`` node, up through ``edges``
+        nodes (from their ``child``-th child to their class): every class reached, with
+        its fewest steps. One pass however long the chains (a 2,000-item list)."""
         parents: dict[int, list[int]] = {}
-        length: dict[int, int] = {}
-        frontier = []
+        steps: dict[int, int] = {}
         for c, nodes in enumerate(self.classes):
             for n in nodes:
-                if n.ctor == "TNil":
-                    frontier.append(c)
-                elif n.ctor == "TCons":
-                    parents.setdefault(n.children[1], []).append(c)
-        for c in frontier:
-            length[c] = 0
+                if n.ctor in seeds:
+                    steps[c] = 0
+                elif n.ctor in edges:
+                    parents.setdefault(n.children[child], []).append(c)
+        frontier = list(steps)
         while frontier:
             nxt = []
-            for tail in frontier:
-                for c in parents.get(tail, ()):
-                    if c not in length:
-                        length[c] = length[tail] + 1
+            for below in frontier:
+                for c in parents.get(below, ()):
+                    if c not in steps:
+                        steps[c] = steps[below] + 1
                         nxt.append(c)
             frontier = nxt
-        return length
+        return steps
 
     def extraction_graph(self, roots: list[int], cost: Callable[[int, TermNode], float]) -> ExtractionGraph:
         """The graph an extractor reads; ``cost(class, node)`` prices each node."""
