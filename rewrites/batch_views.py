@@ -204,13 +204,16 @@ def stack_terms(t: Translation, items: list[Item], emit: Callable[[str], None]) 
 
 
 def _flat_items(t: Translation, cat: int, dim: int) -> list[str]:
-    """The cat's items, nested cats on the same dim expanded in place."""
+    """The cat's items, nested cats on the same dim expanded in place (iteratively: an
+    accumulation chain of cats can be deeper than Python's recursion limit)."""
     out: list[str] = []
-    for text in t.cats[cat][0]:
+    pending = list(reversed(t.cats[cat][0]))
+    while pending:
+        text = pending.pop()
         m = _ID.match(text)
         inner = int(m.group(1)) if m else None
         if inner is not None and inner in t.cats and t.cats[inner][1] == dim and t.status.get(inner) == "term":
-            out.extend(_flat_items(t, inner, dim))
+            pending.extend(reversed(t.cats[inner][0]))
         else:
             out.append(text)
     return out

@@ -162,3 +162,16 @@ def test_build_order_puts_readers_after_the_groups_they_read():
     assert sorted(order) == [0, 1, 2, 3]
     assert order.index(1) < order.index(0)  # acts before the muls that read them
     assert order.index(3) < order.index(2)  # b (last member 31) before a (41)
+
+
+def test_flattening_a_deep_cat_chain_does_not_recurse():
+    from optimus_eqsat.rewrites.batch_views import _flat_items
+
+    t = _translation({})
+    depth = 3000  # deeper than Python's recursion limit
+    t.cats[0] = (("(Id 100000)", "(Id 100001)"), 1)
+    for k in range(1, depth):
+        t.cats[k] = ((f"(Id {k - 1})", f"(Id {100001 + k})"), 1)
+    t.status.update({k: "term" for k in range(depth)})
+    items = _flat_items(t, depth - 1, 1)
+    assert items == [f"(Id {100000 + k})" for k in range(depth + 1)]
