@@ -166,7 +166,7 @@ def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]) -> Sta
             return f"(Reshape (Slice {term} 0 {k} {k + length}) {vec((length,) + shape)})"
         full = length // p
         parts = [f"(Reshape (Slice {term} 0 {k} {k + full}) {vec((full, 1) + shape)})" for term, k in cycle]
-        return f"(Reshape (Cat {cons_list(parts, 1, emit, new_list_id)}) {vec((length,) + shape)})"
+        return f"(Reshape (Cat {cons_list(parts, 1, emit, new_list_id, [1] * p)}) {vec((length,) + shape)})"
 
     return build
 
@@ -196,10 +196,11 @@ def stack_terms(t: Translation, items: list[Item], emit: Callable[[str], None]) 
         return f"(Reshape {item.text} {vec((1,) + shape)})"
 
     parts = [r.build(emit, t.new_list_id) if r.build else single(items[r.start], r.shape) for r in runs]
-    terms = [parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, 0, emit, t.new_list_id)})"]
+    sizes = [r.stop - r.start for r in runs]
+    terms = [parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, 0, emit, t.new_list_id, sizes)})"]
     if any(r.members for r in runs):
         plain = [single(it, runs[0].shape) for it in items]
-        terms.append(f"(Cat {cons_list(plain, 0, emit, t.new_list_id)})")
+        terms.append(f"(Cat {cons_list(plain, 0, emit, t.new_list_id, [1] * len(plain))})")
     return terms
 
 
@@ -242,16 +243,18 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[s
         runs = find_runs(t, items)
         if all(r.build is None or r.contiguous_piece == dim for r in runs):
             continue
-        parts = []
+        parts, sizes = [], []
         for r in runs:
+            length, s = r.stop - r.start, r.shape
+            sizes.append(length * s[dim] if s is not None else None)
             if r.build is None:
                 parts.append(items[r.start].text)
                 continue
-            length, s = r.stop - r.start, r.shape
             perm = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, len(s) + 1))
             merged = s[:dim] + (length * s[dim],) + s[dim + 1 :]
             parts.append(f"(Reshape (Permute {r.build(emit, t.new_list_id)} {vec(perm)}) {vec(merged)})")
-        whole = parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, dim, emit, t.new_list_id)})"
+        known = None if None in sizes else sizes
+        whole = parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, dim, emit, t.new_list_id, known)})"
         emit(f"(union (Id {cat}) {whole})")
         added += 1
     return added

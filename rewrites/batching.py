@@ -279,11 +279,11 @@ def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
     x = c0.operands[0]
     widths = [t.shapes[c.operands[1]][0] for c in group]
     weights = [f"(Id {c.operands[1]})" for c in group]
-    w = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, b.t.new_list_id)})")
+    w = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, b.t.new_list_id, widths)})")
     out_shape = t.shapes[x][:-1] + (sum(widths),)
     if c0.key == "linear_b":
         biases = [f"(Id {c.operands[2]})" for c in group]
-        bias = b.new(f"(Cat {cons_list(biases, 0, b.facts.append, b.t.new_list_id)})")
+        bias = b.new(f"(Cat {cons_list(biases, 0, b.facts.append, b.t.new_list_id, widths)})")
         y = b.new(f"(Op3 \"{c0.key}\" (Id {x}) {w} {bias})", out_shape)
     else:
         y = b.new(f"(Op2 \"{c0.key}\" (Id {x}) {w})", out_shape)
@@ -469,11 +469,11 @@ def _batch_embedding(b: BatchBuilder, group: list[Candidate]) -> None:
     starts = tuple(sum(counts[:k]) for k in range(len(counts)))
     width, total = t.shapes[tables[0]][1], sum(counts)
     flat = [f"(Reshape (Id {idx}) {vec((n,))})" for idx, n in zip(idxs, counts)]
-    cat = b.new(f"(Cat {cons_list(flat, 0, b.facts.append, t.new_list_id)})", (total,))
+    cat = b.new(f"(Cat {cons_list(flat, 0, b.facts.append, t.new_list_id, counts)})", (total,))
     shift = t.registry.register(OpSpec("call_function", shift_segments, (Slot(0), starts, rows), (), POINTWISE))
     indices = b.new(f"(Op1 \"{shift}\" {cat})", (total,))
     weights = [f"(Id {w})" for w in tables]
-    table = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, t.new_list_id)})", (sum(rows), width))
+    table = b.new(f"(Cat {cons_list(weights, 0, b.facts.append, t.new_list_id, rows)})", (sum(rows), width))
     lookup = t.registry.register(OpSpec("call_function", F.embedding, (Slot(0), Slot(1)), (), GATHER))
     y = b.new(f"(Op2 \"{lookup}\" {indices} {table})", (total, width))
     b.record(y, [c.node for c in group])
