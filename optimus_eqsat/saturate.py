@@ -125,7 +125,11 @@ class EGraphSession:
         """
         families = " ".join(f"(run {r.name})" for r in self.rulesets)
         once = " ".join(f"(run {name})" for r in self.rulesets for name in r.once_rulesets)
-        analyses = " ".join(["(run shapes)"] + [f"(run {n})" for r in self.rulesets for n in r.analysis_rulesets])
+        # Each analysis saturates on its own inside the loop: a walk along a long list
+        # (cat runs: one cell per round) then pays a round of its own few rules, not
+        # of every shape rule too.
+        analyses = " ".join(f"(saturate (run {n}))" for n in
+                            ["shapes"] + [n for r in self.rulesets for n in r.analysis_rulesets])
         settle = f"(saturate (seq {analyses}))"
         first = f"(run-schedule {settle} (seq {once}) {settle})"
         step = f"(run-schedule {settle} (seq {families}) {settle})"
