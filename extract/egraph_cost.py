@@ -92,8 +92,7 @@ class EGraphCost:
             return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
         moved = self._bytes((c,) + node.children)
         if ctor in _ELEMENTWISE:
-            full = kernel_time(p, KernelKind.POINTWISE, moved, _numel(self.shapes.get(c)))
-            return full - (1 - FUSED_LAUNCH_SHARE) * p.launch_s(KernelKind.POINTWISE)
+            return self._fused_pointwise(c, moved)
         if ctor == "Cat":
             out = self._bytes((c,))
             return kernel_time(p, KernelKind.CAT, 2 * out, 0) - (1 - CAT_LAUNCH_SHARE) * p.launch_s(KernelKind.CAT)
@@ -101,8 +100,16 @@ class EGraphCost:
         if opkind in _GROUPED:
             return self._grouped(opkind, node)
         kind = _KIND_OF_OPKIND.get(opkind, KernelKind.OPAQUE)
+        if kind is KernelKind.POINTWISE:  # pad, shift_segments, ...: fuse like Unary/Binary
+            return self._fused_pointwise(c, moved)
         flops = self._matmul_flops(c, node) if kind is KernelKind.MATMUL else _numel(self.shapes.get(c))
         return kernel_time(p, kind, moved, flops)
+
+    def _fused_pointwise(self, c: int, moved: int) -> float:
+        """A pointwise op: its traffic, and a share of a launch (it fuses with a neighbour)."""
+        p = self.profile
+        full = kernel_time(p, KernelKind.POINTWISE, moved, _numel(self.shapes.get(c)))
+        return full - (1 - FUSED_LAUNCH_SHARE) * p.launch_s(KernelKind.POINTWISE)
 
     def _grouped(self, opkind: str, node) -> float:
         """Terms of a grouped linear (see the module doc)."""

@@ -214,6 +214,16 @@ def _path_to(eg: Any, start: int, target: int | None, depth: int = 3) -> dict[in
     return None
 
 
+# Batch kinds whose price in the e-graph is least sure come first in refine, which may
+# only have time for one or two variants on large graphs: padded linears (whether the
+# pads fuse), elementwise batches (whether their stacks are views); then the rest.
+_REFINE_FIRST = ("batch-linear_padk", "batch-elementwise")
+
+
+def _refine_priority(kind: str) -> tuple[int, str]:
+    return (_REFINE_FIRST.index(kind) if kind in _REFINE_FIRST else len(_REFINE_FIRST), kind)
+
+
 class OptimizationRun:
     """One optimization, phase by phase, keeping every intermediate.
 
@@ -337,8 +347,8 @@ class OptimizationRun:
         chosen = self.extraction.choice
         class_of = self.egraph.class_of_id
         # Only kinds the extraction actually uses: dropping an unused one changes nothing.
-        kinds = sorted(k for k, ids in (self.batches.outputs if self.batches else {}).items()
-                       if any(class_of.get(i) in chosen for i in ids))
+        kinds = sorted((k for k, ids in (self.batches.outputs if self.batches else {}).items()
+                        if any(class_of.get(i) in chosen for i in ids)), key=_refine_priority)
         if not kinds:
             return result, launches, seconds
         # Candidates are compared on cheap builds (e-graph shapes, no fake tensors: most of

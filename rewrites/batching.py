@@ -24,8 +24,10 @@ Covers Inductor's group_batch_fusion.py (OPTIMUS_PATTERNS.md):
                                call (Triton grouped GEMM on CUDA, no fbgemm); members are getitems
   (not in Inductor)            plain embedding lookups into tables of one width and dtype -> one
                                lookup into the row-concatenated tables with shifted indices
+  (not in Inductor)            linears of one output width and any input widths -> one bmm over
+                               inputs and weights zero-padded to the widest input (padk)
 
-A linear is a candidate for several kinds at once (bmm, lhs, group_linear): every
+A linear is a candidate for several kinds at once (bmm, padk, lhs, group_linear): every
 alternative is unioned with it and the cost model picks. group_linear is one
 extern launch on GPU profiles, but its host time (measured on an H200: 0.3 ms a
 call plus 17 us a member) exceeds the launches it saves, and on the CPU profile
@@ -239,12 +241,17 @@ def _batch_elementwise(b: BatchBuilder, group: list[Candidate]) -> None:
 def _batch_linear(b: BatchBuilder, group: list[Candidate]) -> None:
     """linear_i(x_i, w_i, b_i) -> bmm(stack(x), stack(w)^T) + stack(b): one extern kernel."""
     t, c0 = b.t, group[0]
-    x_shape, (n_out, k) = t.shapes[c0.operands[0]], t.shapes[c0.operands[1]]
-    m = math.prod(x_shape[:-1])
-    n = len(group)
+    x_shape, k = t.shapes[c0.operands[0]], t.shapes[c0.operands[1]][1]
     stacked, _ = b.stack([c.operands[0] for c in group], len(x_shape))
-    stacked_x = b.new(f"(Reshape {stacked} {vec((n, m, k))})")  # [n, m, k] for bmm
-    stacked_w, _ = b.stack([c.operands[1] for c in group], 2)
+    stacked_x = b.new(f"(Reshape {stacked} {vec((len(group), math.prod(x_shape[:-1]), k))})")  # [n, m, k]
+    _stacked_linear(b, group, stacked_x, b.stack([c.operands[1] for c in group], 2)[0])
+
+
+def _stacked_linear(b: BatchBuilder, group: list[Candidate], stacked_x: str, stacked_w: str) -> None:
+    """The group's linears as one bmm of ``stacked_x`` [n, m, k] by ``stacked_w`` [n, N, k]
+    transposed, plus the stacked biases; each member is its slice of the result."""
+    t, c0 = b.t, group[0]
+    n, m, n_out = len(group), math.prod(t.shapes[c0.operands[0]][:-1]), t.shapes[c0.operands[1]][0]
     mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
     y = b.new(f"(Op2 \"{mm}\" {stacked_x} (Permute {stacked_w} (vec-of 0 2 1)))", (n, m, n_out))
     if c0.key == "linear_b":
@@ -271,6 +278,55 @@ def _batch_layer_norm(b: BatchBuilder, group: list[Candidate]) -> None:
             stacked, _ = b.stack([c.operands[slot.index] for c in group], rank)
             y = b.new(f"(Binary \"{key}\" {y} {stacked})", out)
     b.unstack(y, [c.node for c in group])
+
+
+def padk_fusion_key(t: Translation, c: Candidate) -> tuple | None:
+    """Linears of one output width and batch shape but any input width K may share one
+    bmm over inputs and weights zero-padded along K to the widest. Optimus' batch_linear
+    needs equal shapes, and on CPU group_linear is a loop: this is what makes the ragged
+    feature projections of a dynamic-schema model one kernel."""
+    if c.key in ("linear", "linear_b") and _shapes_known(t, c) and len(t.shapes[c.operands[1]]) == 2:
+        x_shape, (n_out, _) = t.shapes[c.operands[0]], t.shapes[c.operands[1]]
+        return ("linear_padk", c.key, x_shape[:-1], n_out, t.dtypes.get(c.node))
+    return None
+
+
+def _batch_linear_padk(b: BatchBuilder, group: list[Candidate]) -> None:
+    """linear_i(x_i, w_i, b_i), K_i ragged -> bmm(cat(pad(stack(x))), cat(pad(stack(w)))^T) + stack(b).
+
+    Members are ordered by K, then graph order, so each width class stacks as a run (a
+    view of its batched producer) and is padded once. Zero columns of x meet zero columns
+    of w, so every product is unchanged. Groups of one width are left to _batch_linear.
+    """
+    t = b.t
+    ks = {c.node: t.shapes[c.operands[1]][1] for c in group}
+    if len(set(ks.values())) < 2:
+        return
+    kmax = max(ks.values())
+    group = sorted(group, key=lambda c: (ks[c.node], c.node))
+    lead = t.shapes[group[0].operands[0]][:-1]
+    m = math.prod(lead)
+    classes: dict[int, list[Candidate]] = defaultdict(list)
+    for c in group:
+        classes[ks[c.node]].append(c)
+
+    def padded(stacked: str, shape: tuple[int, ...]) -> str:
+        if shape[-1] == kmax:
+            return stacked
+        pad = t.registry.register(OpSpec("call_function", F.pad, (Slot(0), (0, kmax - shape[-1])), (), POINTWISE))
+        return b.new(f"(Op1 \"{pad}\" {stacked})", shape[:-1] + (kmax,))
+
+    xs, ws = [], []
+    for k, members in classes.items():
+        sx, _ = b.stack([c.operands[0] for c in members], len(lead) + 1)
+        xs.append(padded(b.new(f"(Reshape {sx} {vec((len(members), m, k))})"), (len(members), m, k)))
+        sw, shape_w = b.stack([c.operands[1] for c in members], 2)
+        ws.append(padded(sw, shape_w))
+    counts = [len(members) for members in classes.values()]
+    n_out = t.shapes[group[0].operands[1]][0]
+    stacked_x = b.new(f"(Cat {cons_list(xs, 0, b.facts.append, t.new_list_id, counts)})", (len(group), m, kmax))
+    stacked_w = b.new(f"(Cat {cons_list(ws, 0, b.facts.append, t.new_list_id, counts)})", (len(group), n_out, kmax))
+    _stacked_linear(b, group, stacked_x, stacked_w)
 
 
 def _batch_linear_lhs(b: BatchBuilder, group: list[Candidate]) -> None:
@@ -481,9 +537,9 @@ def _batch_embedding(b: BatchBuilder, group: list[Candidate]) -> None:
         b.facts.append(f"(union (Id {c.node}) (Reshape (Slice {y} 0 {start} {start + n}) {vec(t.shapes[c.node])}))")
 
 
-_BUILDERS = {"linear": _batch_linear, "layer_norm": _batch_layer_norm, "linear_lhs": _batch_linear_lhs,
-             "group_linear": _group_linear, "embedding": _batch_embedding}
-_KEYS = (fusion_key, lhs_fusion_key, group_linear_key, embedding_key)
+_BUILDERS = {"linear": _batch_linear, "linear_padk": _batch_linear_padk, "layer_norm": _batch_layer_norm,
+             "linear_lhs": _batch_linear_lhs, "group_linear": _group_linear, "embedding": _batch_embedding}
+_KEYS = (fusion_key, lhs_fusion_key, padk_fusion_key, group_linear_key, embedding_key)
 
 
 @dataclass

@@ -100,8 +100,9 @@ def test_interleaved_features_become_a_few_kernels():
     before, after = predicted_launches(gm, (x,), profile="h100"), predicted_launches(optimized, (x,), profile="h100")
     frozen = predicted_launches(fold_parameters(optimized, (x,)), (x,), profile="h100")
     # per feature: layer norm, addmm, activation (47 with the cat's copies); batched: per
-    # class a layer norm and a bmm with its activation, one cat of three views, and the
-    # weight stacks (one kernel each unless parameters are frozen)
+    # class a layer norm and its activation, one bmm over the three classes padded to the
+    # widest, one cat of three views, and the weight stacks (one kernel each unless
+    # parameters are frozen): 17, frozen 9
     assert before >= 40
     assert after <= before * 0.6, (before, after)
     assert frozen <= before // 3, (before, frozen)
@@ -109,7 +110,7 @@ def test_interleaved_features_become_a_few_kernels():
     assert report.batched.get("cat-views", 0) >= 1
     # weight stacks are emitted as torch.stack of the parameters, not a reshape per parameter
     targets = [n.target for n in optimized.graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.stack) >= 12
+    assert targets.count(torch.stack) >= 6  # per class: weights, biases
     assert targets.count(torch.reshape) < 42, targets.count(torch.reshape)
 
 

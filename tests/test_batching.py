@@ -60,6 +60,22 @@ def chain(x, w1, w2):
     return F.linear(F.linear(x, w1), w2)
 
 
+class RaggedTowers(nn.Module):
+    """Per-feature layer norm and linear to one output width, feature widths cycling 4/8/16
+    (a dynamic-schema block): same-shape batching leaves one bmm per width."""
+
+    WIDTHS = (4, 8, 16, 4, 8, 16, 4)
+
+    def __init__(self):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(w) for w in self.WIDTHS)
+        self.projs = nn.ModuleList(nn.Linear(w, 6) for w in self.WIDTHS)
+
+    def forward(self, x):
+        pieces = torch.split(x, list(self.WIDTHS), dim=1)
+        return torch.cat([torch.relu(self.projs[i](self.norms[i](pieces[i]))) for i in range(len(self.WIDTHS))], dim=1)
+
+
 def inputs(*shapes):
     return tuple(torch.randn(*s) for s in shapes)
 
@@ -104,6 +120,37 @@ def test_batched_alternative_is_correct(module, shape, op, kind):
     program, report = batched_program(module, torch.randn(*shape))
     assert report.batched.get(kind), report.batched
     assert op_counts(program)[op] == 1, dict(op_counts(program))
+
+
+def test_ragged_input_widths_become_one_padded_matmul():
+    """Linears of one output width and different input widths: one bmm over zero-padded
+    stacks (forward and gradients of inputs and parameters against eager)."""
+    torch.manual_seed(0)
+    module = RaggedTowers()
+    program, report = batched_program(module, torch.randn(5, sum(RaggedTowers.WIDTHS)))
+    assert report.batched.get("batch-linear_padk") == len(RaggedTowers.WIDTHS)
+    counts = op_counts(program)
+    assert counts["matmul"] == 1 and counts["linear"] == 0, dict(counts)
+    assert counts["pad"] >= 1, dict(counts)
+    params = dict(module.named_parameters())
+    x = torch.randn(5, sum(RaggedTowers.WIDTHS))
+    expected = torch.autograd.grad(module(x).square().sum(), list(params.values()))
+    got = torch.autograd.grad(program(x).square().sum(), [program.get_parameter(n) for n in params])
+    for name, e, g in zip(params, expected, got):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_ragged_linears_of_one_width_are_not_padded():
+    program, report = batched_program(Towers(), torch.randn(4, FEATURES * WIDTH))
+    assert "batch-linear_padk" not in report.batched, report.batched
+
+
+def test_padded_matmul_wins_on_the_cpu_profile():
+    optimized = optimize_and_check(RaggedTowers(), *inputs((5, sum(RaggedTowers.WIDTHS))), profile="cpu")
+    report = optimized.meta["optimus_eqsat"]
+    counts = op_counts(optimized)
+    assert counts["matmul"] == 1 and counts["linear"] == 0, dict(counts)  # one bmm for all three widths
+    assert report.launches_after < report.launches_before
 
 
 def test_elementwise_alternative_is_correct():

@@ -411,3 +411,20 @@ def test_list_cells_cost_launches_past_eight_computed_inputs(items, leaf_items, 
     assert total == pytest.approx(paid * CELL_LAUNCH_SHARE * launch + (items - paid) * VIEW_COST)
     cpu = EGraphCost({}, lambda key: "pointwise", "cpu", eg.input_classes(), lengths)
     assert sum(cpu(c, n) for c, n in cells) == pytest.approx(items * VIEW_COST)  # one CPU cat kernel
+
+
+def test_pointwise_ops_are_priced_like_fused_elementwise():
+    """A pointwise Op1 (a pad, an index shift) fuses with its neighbours as Unary ops do:
+    both pay a share of a launch, a matmul a whole one."""
+    from optimus_eqsat.egraph_export import ClassRef, ExportedEGraph, TermNode
+    from optimus_eqsat.extract.egraph_cost import FUSED_LAUNCH_SHARE, EGraphCost
+
+    eg = ExportedEGraph()
+    eg.classes = [[TermNode("Leaf", (0,))], [TermNode("Op1", ("pad", ClassRef(0)))],
+                  [TermNode("Unary", ("relu", ClassRef(0)))], [TermNode("Op1", ("mm", ClassRef(0)))]]
+    kinds = {"pad": "pointwise", "relu": "pointwise", "mm": "matmul"}
+    cost = EGraphCost({c: (4, 4) for c in range(4)}, kinds.get, "h100", eg.input_classes(), eg.list_lengths())
+    launch = get_profile("h100").launch_s(K.POINTWISE)
+    pad, relu, mm = (cost(c, eg.classes[c][0]) for c in (1, 2, 3))
+    assert pad == pytest.approx(relu)
+    assert pad < FUSED_LAUNCH_SHARE * launch * 1.01 < launch <= mm
