@@ -223,3 +223,11 @@ def test_refine_tries_variants_within_its_time_limit():
     hurried = optimize_graph(gm, (x,), raise_on_error=True, refine_time_limit_s=0.0).meta["optimus_eqsat"]
     assert hurried.refine_tried == []
     assert hurried.dropped_batches == []
+
+
+def test_second_saturation_has_its_own_iteration_limit():
+    x = torch.randn(4, FEATURES * WIDTH)
+    gm = torch.fx.symbolic_trace(Towers())
+    first = optimize_graph(gm, (x,), raise_on_error=True, batch_iterations=0).meta["optimus_eqsat"]
+    both = optimize_graph(gm, (x,), raise_on_error=True, batch_iterations=2).meta["optimus_eqsat"]
+    assert both.iterations - first.iterations in (1, 2)  # the second saturation ran, at most 2 rounds
