@@ -184,7 +184,7 @@ class BatchBuilder:
     def unstack(self, batched: str, members: list[int]) -> None:
         self.record(batched, members)
         for k, m in enumerate(members):
-            self.facts.append(f"(unstacked (Id {m}) {batched} {k})")  # unioned by the shape rules
+            self.facts.append(f"(union (Id {m}) (Reshape (Slice {batched} 0 {k} {k + 1}) {vec(self.t.shapes[m])}))")
             self.slot_of[m] = (batched, k)
 
 
