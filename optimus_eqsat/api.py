@@ -16,6 +16,7 @@ import torch.fx
 from . import rewrites
 from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
 from .egraph_export import export
+from .extract.egraph import ENode, ExtractionGraph
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
 from .extract.group_search import GroupMove, improve_with_groups
@@ -219,6 +220,10 @@ def _path_to(eg: Any, start: int, target: int | None, depth: int = 3) -> dict[in
     return None
 
 
+# A class whose batched alternative refine forbids keeps these (the member's slice of
+# another group's result, a cat of views): only the batched computation itself goes.
+_KEPT_WHEN_BANNED = frozenset({"Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat"})
+
 # Batch kinds whose price in the e-graph is least sure come first in refine, which may
 # only have time for one or two variants on large graphs: padded linears (whether the
 # pads fuse), elementwise batches (whether their stacks are views); then the rest.
@@ -287,12 +292,13 @@ class OptimizationRun:
         """E-classes extracted together: graph outputs and inputs of kept (opaque) nodes."""
         return [self.egraph.class_of_id[i] for i in self.translation.roots]
 
-    def extract(self, cost: Any = None, extractor: str | None = None) -> None:
-        """Choose one program; ``cost(class, node)`` overrides the e-node prices."""
+    def extract(self, cost: Any = None, extractor: str | None = None, graph: ExtractionGraph | None = None) -> None:
+        """Choose one program; ``cost(class, node)`` overrides the e-node prices, or
+        ``graph`` gives them already priced."""
         opts = self.options
         name = extractor or opts.extractor
         with _phase(self.report, "extract"):
-            self.graph = self.egraph.extraction_graph(self.roots, cost or self.cost)
+            self.graph = graph or self.egraph.extraction_graph(self.roots, cost or self.cost)
             options = {"time_limit": opts.ilp_time_limit_s} if name in ("ilp", "auto") else {}
             self.extraction = get_extractor(name, **options).extract(self.graph)
             if self.batches is not None:
@@ -332,19 +338,18 @@ class OptimizationRun:
                 moves.append(GroupMove(f"{self.translation.nodes[members[0]].name}+{len(members) - 1}", picks))
         return moves
 
-    def without_batches(self, kinds: Sequence[str]) -> Any:
-        """The e-node cost with the batched alternatives of ``kinds`` forbidden."""
+    def without_batches(self, kinds: Sequence[str], graph: ExtractionGraph) -> ExtractionGraph:
+        """``graph`` with the batched alternatives of ``kinds`` forbidden (their classes
+        keep only views and cats). Shares every other class's nodes: re-pricing all of
+        them took a second on the 2,000-feature graph."""
         eg, banned = self.egraph, set()
         for kind in kinds:
             banned.update(eg.class_of_id[i] for i in self.batches.outputs.get(kind, ()) if i in eg.class_of_id)
-        base = self.cost
-
-        def cost(c: int, node: Any) -> float:
-            if c in banned and node.ctor not in ("Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat"):
-                return math.inf
-            return base(c, node)
-
-        return cost
+        classes = list(graph.classes)
+        for c in banned:
+            classes[c] = [node if term.ctor in _KEPT_WHEN_BANNED else ENode(node.op, node.children, math.inf)
+                          for node, term in zip(graph.classes[c], eg.classes[c])]
+        return ExtractionGraph(classes, graph.roots)
 
     def _refine(self, result: torch.fx.GraphModule, launches: int, seconds: float) -> tuple:
         """Drop batch kinds that the fusion model says do not pay (e-node costs are additive,
@@ -370,6 +375,7 @@ class OptimizationRun:
         n, t = _predict(self.build(meta=False), self.example_inputs, opts.profile)
         variant_s = extract_s + time.perf_counter() - start
         best = (t, n, ())
+        main_graph = self.graph
         saved = (self.graph, self.extraction)
         for dropped in [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else []):
             if time.perf_counter() - start + variant_s > opts.refine_time_limit_s:
@@ -378,7 +384,7 @@ class OptimizationRun:
                 break
             report.refine_tried.append(list(dropped))
             try:
-                self.extract(cost=self.without_batches(dropped), extractor="greedy")
+                self.extract(graph=self.without_batches(dropped, main_graph), extractor="greedy")
                 candidate = self.build(meta=False)
             except Exception as exc:  # a kind that cannot be dropped: keep what we have
                 log.debug("optimus_eqsat: refine without %s failed: %s", dropped, exc)
