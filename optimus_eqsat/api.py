@@ -315,13 +315,18 @@ class OptimizationRun:
         the e-graph's shapes, enough for the cost model (candidates in refine).
         """
         result = rebuild(self.translation, self.egraph, self.extraction.choice)
-        if meta and (self.example_inputs is None or _has_fake_meta(self.gm)):
+        if meta and self._wants_meta:
             # Dynamo/export graphs: new nodes get fake-tensor meta like the rest (Inductor's
             # own passes read it). A symbolic_trace graph with example inputs skips this:
             # the cost model runs the inputs instead, and fake tensors import torch._dynamo
             # (seconds, the first time).
             propagate_meta(result, self.example_inputs)
         return result
+
+    @property
+    def _wants_meta(self) -> bool:
+        """Whether a full build propagates fake-tensor meta (Dynamo/export graphs)."""
+        return self.example_inputs is None or _has_fake_meta(self.gm)
 
     def group_moves(self) -> list[GroupMove]:
         """For every batch group: each member's choice of its slice of the batched term."""
@@ -353,7 +358,11 @@ class OptimizationRun:
 
     def _refine(self, result: torch.fx.GraphModule, launches: int, seconds: float) -> tuple:
         """Drop batch kinds that the fusion model says do not pay (e-node costs are additive,
-        Inductor's fusion is not). Tries each kind alone and all together, keeps the best."""
+        Inductor's fusion is not). Tries each kind alone and all together, keeps the best.
+
+        ``result`` is the cheap build (no fake-tensor meta) of the current extraction and
+        ``launches``, ``seconds`` its prediction. Returns (``result`` or None when a variant
+        won and is now ``self.extraction``, its launches, its seconds)."""
         opts, report = self.options, self.report
         chosen = self.extraction.choice
         class_of = self.egraph.class_of_id
@@ -362,8 +371,6 @@ class OptimizationRun:
                         if any(class_of.get(i) in chosen for i in ids)), key=_refine_priority)
         if not kinds:
             return result, launches, seconds
-        # Candidates are compared on cheap builds (e-graph shapes, no fake tensors: most of
-        # a build's time); only a winner other than ``result`` is built again with full meta.
         # A variant is a greedy extraction and a build: when the main extraction was
         # greedy, its time says what a variant will take (tens of seconds on the
         # 2,000-feature graph, where starting one would overrun the limit by as much).
@@ -372,9 +379,10 @@ class OptimizationRun:
         if extract_s > opts.refine_time_limit_s:
             log.info("optimus_eqsat: no refine: one variant (over %.1f s) exceeds its time limit", extract_s)
             return result, launches, seconds
-        n, t = _predict(self.build(meta=False), self.example_inputs, opts.profile)
-        variant_s = extract_s + time.perf_counter() - start
-        best = (t, n, ())
+        # ``result`` is itself a cheap build (finish): a variant costs what it took
+        # (rebuild, and one of verify's two predictions) on top of its extraction.
+        variant_s = extract_s + report.phase_seconds.get("rebuild", 0.0) + report.phase_seconds.get("verify", 0.0) / 2
+        best = (seconds, launches, ())
         main_graph = self.graph
         saved = (self.graph, self.extraction)
         for dropped in [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else []):
@@ -394,23 +402,26 @@ class OptimizationRun:
                 best, saved = (t, n, dropped), (self.graph, self.extraction)
         self.graph, self.extraction = saved
         report.dropped_batches = list(best[2])
-        if not best[2]:
-            return result, launches, seconds
-        result = self.build()
-        return (result, *_predict(result, self.example_inputs, opts.profile))
+        return None, best[1], best[0]
 
     def finish(self) -> torch.fx.GraphModule:
         """Rebuild, predict launches before/after, and keep the original if the result is worse."""
         opts, report, gm = self.options, self.report, self.gm
+        # With refine, candidates are compared on cheap builds (e-graph shapes, no fake
+        # tensors: most of a build's time); only the winner gets full meta.
+        refine = opts.refine_batches and self.batches is not None
         with _phase(report, "rebuild"):
-            result = self.build()
+            result = self.build(meta=not refine)
         with _phase(report, "verify"):
             report.launches_before, report.cost_before = _predict(gm, self.example_inputs, opts.profile)
             report.launches_after, report.cost_after = _predict(result, self.example_inputs, opts.profile)
-        if opts.refine_batches:
+        if refine:
             with _phase(report, "refine"):
                 result, report.launches_after, report.cost_after = self._refine(
                     result, report.launches_after, report.cost_after)
+            if result is None or self._wants_meta:
+                with _phase(report, "rebuild"):
+                    result = self.build()
         if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
             report.fell_back = True
             report.fallback_reason = (
