@@ -304,6 +304,9 @@ class OptimizationRun:
             if self.batches is not None:
                 self.extraction, self.report.group_moves = improve_with_groups(
                     self.graph, self.extraction, self.group_moves())
+        self._record_extraction()
+
+    def _record_extraction(self) -> None:
         ext = self.extraction
         self.report.extractor, self.report.extraction_cost = ext.extractor, ext.cost
         self.report.optimal, self.report.gap = ext.optimal, ext.gap
@@ -401,6 +404,7 @@ class OptimizationRun:
             if t < best[0] * (1 - 1e-9):
                 best, saved = (t, n, dropped), (self.graph, self.extraction)
         self.graph, self.extraction = saved
+        self._record_extraction()  # the report describes the kept extraction, not the last variant
         report.dropped_batches = list(best[2])
         return None, best[1], best[0]
 

@@ -236,3 +236,15 @@ def test_second_saturation_has_its_own_iteration_limit():
     first = optimize_graph(gm, (x,), raise_on_error=True, batch_iterations=0).meta["optimus_eqsat"]
     both = optimize_graph(gm, (x,), raise_on_error=True, batch_iterations=2).meta["optimus_eqsat"]
     assert both.iterations - first.iterations in (1, 2)  # the second saturation ran, at most 2 rounds
+
+
+def test_report_describes_the_extraction_refine_kept():
+    x = torch.randn(4, FEATURES * WIDTH)
+    run = OptimizationRun(torch.fx.symbolic_trace(Towers()), (x,), OptimizeOptions(raise_on_error=True))
+    run.saturate()
+    run.extract()
+    run.finish()
+    assert run.report.refine_tried  # variants ran (greedy), then one extraction was kept
+    kept = run.extraction
+    assert (run.report.extractor, run.report.extraction_cost, run.report.optimal) == (
+        kept.extractor, kept.cost, kept.optimal)
