@@ -423,9 +423,11 @@ class OptimizationRun:
             with _phase(report, "refine"):
                 result, report.launches_after, report.cost_after = self._refine(
                     result, report.launches_after, report.cost_after)
-            if result is None or self._wants_meta:
-                with _phase(report, "rebuild"):
+            with _phase(report, "rebuild"):
+                if result is None:  # a variant won: build it, with meta
                     result = self.build()
+                elif self._wants_meta:  # the cheap build was kept: only its meta is missing
+                    propagate_meta(result, self.example_inputs)
         if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
             report.fell_back = True
             report.fallback_reason = (
