@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -146,6 +147,27 @@ def _phase(report: OptimizeReport, name: str) -> Iterator[None]:
         report.phase_seconds[name] = report.phase_seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector, restoring its state after.
+
+    An optimization builds millions of small objects (e-nodes, term rows, FX
+    nodes) that are never cyclic garbage, and each full collection re-scans
+    them all: on the 2,000-feature extreme graph collections took about a
+    quarter of the optimizer's time (export 3.0 s -> 0.7 s, extraction
+    13 s -> 9 s without them, CPU time on a loaded machine). Reference
+    counting still frees everything acyclic; cycles wait for the next
+    collection after the run.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, profile: str) -> tuple[int, float]:
     from .extract.fx_cost import predict_kernels
 
@@ -181,7 +203,8 @@ def optimize_graph(
         raise TypeError(f"optimize_graph takes a torch.fx.GraphModule, got {type(gm).__name__}")
     report = OptimizeReport(nodes_before=_op_count(gm))
     try:
-        result = _optimize(gm, example_inputs, opts, report)
+        with _gc_paused():
+            result = _optimize(gm, example_inputs, opts, report)
     except Exception as exc:
         if opts.raise_on_error:
             raise OptimizationError(f"optimus_eqsat failed: {exc}") from exc
