@@ -51,9 +51,9 @@ class OpSpec:
     def arity(self) -> int:
         return len(_slots(self.args) | _slots(dict(self.kwargs)))
 
-    def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node]) -> torch.fx.Node:
+    def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node], name: str | None = None) -> torch.fx.Node:
         fill = lambda v: _fill(v, operands)  # noqa: E731
-        return graph.create_node(self.op, self.target, fill(self.args), fill(dict(self.kwargs)))
+        return graph.create_node(self.op, self.target, fill(self.args), fill(dict(self.kwargs)), name=name)
 
 
 def _slots(value: Any) -> set[int]:

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import logging
 import operator
+import re
 from typing import Any
 
 import torch
@@ -40,6 +41,12 @@ def _scalar(c: float) -> int | float:
     return int(c) if float(c).is_integer() and abs(c) < 2**62 else c
 
 
+def _name_base(target: Any) -> str:
+    """What torch.fx would name a node calling ``target`` (before its numeric suffix)."""
+    name = target if isinstance(target, str) else getattr(target, "__name__", type(target).__name__)
+    return re.sub(r"\W", "_", name).strip("_") or "node"
+
+
 class Rebuilder:
     """Writes one extraction result as a new FX graph."""
 
@@ -55,6 +62,11 @@ class Rebuilder:
         self.ordered = sorted(i for i in t.ordered if i in t.copied)
         self.next_ordered = 0
         self.aliases_input: set[torch.fx.Node] = set()
+        # New nodes get names no original node has. Left to torch.fx, a new "add" after a
+        # copied "add_5" counts up from 5 past every name already used (a counter the
+        # copy lowered): quadratic, 5 s for the 2,000 adds of one 2,000-feature build.
+        self.taken_names = {n.name for n in t.gm.graph.nodes}
+        self.next_suffix: dict[str, int] = {}
 
     # ---------------------------------------------------------------- driver
     def build(self) -> torch.fx.GraphModule:
@@ -226,6 +238,19 @@ class Rebuilder:
                 return infos[0].itemsize
         return 4
 
+    def _fresh_name(self, target: Any) -> str:
+        """A name for a new node calling ``target`` that no original node has."""
+        base = _name_base(target)
+        k = self.next_suffix.get(base, 0)
+        while f"{base}_{k}" in self.taken_names:
+            k += 1
+        self.next_suffix[base] = k + 1
+        return f"{base}_{k}"
+
+    def _call(self, target: Any, args: tuple) -> torch.fx.Node:
+        """A new call_function node, freshly named."""
+        return self.graph.call_function(target, args, name=self._fresh_name(target))
+
     def _emit_term(self, node: TermNode) -> torch.fx.Node:
         g, ctor, args = self.graph, node.ctor, node.args
         val = lambda a: self.of_class[a.index]  # noqa: E731
@@ -240,26 +265,26 @@ class Rebuilder:
             return self.of_original[i]
         if ctor == "Slice":
             x, d, a, b = args
-            new = g.call_function(torch.narrow, (val(x), d, a, b - a))
+            new = self._call(torch.narrow, (val(x), d, a, b - a))
         elif ctor == "Reshape":
-            new = g.call_function(torch.reshape, (val(args[0]), list(args[1])))
+            new = self._call(torch.reshape, (val(args[0]), list(args[1])))
         elif ctor == "Permute":
-            new = g.call_function(torch.permute, (val(args[0]), list(args[1])))
+            new = self._call(torch.permute, (val(args[0]), list(args[1])))
         elif ctor == "Expand":
-            new = g.call_method("expand", (val(args[0]), list(args[1])))
+            new = g.call_method("expand", (val(args[0]), list(args[1])), name=self._fresh_name("expand"))
         elif ctor == "Cat":
             members, dim = self._list_members(args[0].index)
             stacked = self._stacked(members, dim)
             if stacked is not None:
                 sources, reshaped = stacked
-                new = g.call_function(torch.stack, ([self.of_class[x] for x in sources], dim))
-                return new if reshaped is None else g.call_function(torch.reshape, (new, list(reshaped)))
-            return g.call_function(torch.cat, ([self.of_class[m] for m in members], dim))
+                new = self._call(torch.stack, ([self.of_class[x] for x in sources], dim))
+                return new if reshaped is None else self._call(torch.reshape, (new, list(reshaped)))
+            return self._call(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)
         elif ctor in ("Unary", "Binary", "Op1", "Op2", "Op3"):
             spec = self.t.registry.specs[args[0]]
-            return spec.emit(g, [val(a) for a in args[1:]])
+            return spec.emit(g, [val(a) for a in args[1:]], name=self._fresh_name(spec.target))
         else:
             raise RebuildError(f"cannot emit {ctor}")
         if new.args[0] in self.aliases_input:
@@ -270,8 +295,8 @@ class Rebuilder:
         value, g = _scalar(c), self.graph
         reversed_ops = {"rdiv": operator.truediv, "rpow": operator.pow}
         if key in reversed_ops:
-            return g.call_function(reversed_ops[key], (value, self.of_class[x.index]))
-        return g.call_function(self.t.registry.specs[key].target, (self.of_class[x.index], value))
+            return self._call(reversed_ops[key], (value, self.of_class[x.index]))
+        return self._call(self.t.registry.specs[key].target, (self.of_class[x.index], value))
 
 
 def rebuild(t: Translation, eg: ExportedEGraph, choice: dict[int, int]) -> torch.fx.GraphModule:
