@@ -648,6 +648,7 @@ class _Fusion:
         self.unrealized: dict[fx.Node, bool] = {}
         self.acc_reads: dict[fx.Node, set[fx.Node]] = {}
         self.inlined: set[fx.Node] = set()  # set by predict_kernels (rule 11)
+        self._consumers: dict[fx.Node, list[fx.Node]] = {}
 
     # -- data flow through views -------------------------------------------
     def _resolve_views(self) -> None:
@@ -750,8 +751,15 @@ class _Fusion:
 
     # -- triton lowering decisions (rules 8-11) ------------------------------
     def consumers(self, node: fx.Node) -> list[fx.Node]:
-        """Non-view users of ``node``, views looked through (the output node included)."""
+        """Non-view users of ``node``, views looked through (the output node included).
+
+        Memoized: cat planning asks again for every cat reading a node, and a batched
+        tensor can have thousands of view users (seconds per prediction at 2,000 features).
+        """
+        if node in self._consumers:
+            return self._consumers[node]
         out: list[fx.Node] = []
+        self._consumers[node] = out
         stack = list(node.users)
         seen: set[fx.Node] = set()
         while stack:
