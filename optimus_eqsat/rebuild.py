@@ -271,7 +271,7 @@ class Rebuilder:
         elif ctor == "Permute":
             new = self._call(torch.permute, (val(args[0]), list(args[1])))
         elif ctor == "Expand":
-            new = g.call_method("expand", (val(args[0]), list(args[1])), name=self._fresh_name("expand"))
+            new = g.create_node("call_method", "expand", (val(args[0]), list(args[1])), name=self._fresh_name("expand"))
         elif ctor == "Cat":
             members, dim = self._list_members(args[0].index)
             stacked = self._stacked(members, dim)

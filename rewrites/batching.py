@@ -389,23 +389,23 @@ def grouped_linear_packed(items: list) -> list[torch.Tensor]:
 class GroupedLinearSpec(OpSpec):
     """Emits the grouped call from the packing chain's operands, then drops the chain."""
 
-    def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node]) -> torch.fx.Node:
+    def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node], name: str | None = None) -> torch.fx.Node:
         chain, node, items = [], operands[0], []
         while node.op == "call_function" and node.target is _gl_cons:
             chain.append(node)
             items.append(node.args[1])
             node = node.args[0]
         if not (node.op == "call_function" and node.target is _gl_list):
-            return graph.call_function(grouped_linear_packed, (operands[0],))  # not a chain: still correct
+            return graph.call_function(grouped_linear_packed, (operands[0],), name=name)  # not a chain: still correct
         chain.append(node)
         items.append(node.args[0])
         items.reverse()
         if not all(i.op == "call_function" and i.target is _gl_item for i in items):
-            return graph.call_function(grouped_linear_packed, (operands[0],))
+            return graph.call_function(grouped_linear_packed, (operands[0],), name=name)
         xs = [i.args[0] for i in items]
         ws = [i.args[1] for i in items]
         bs = [i.args[2] if len(i.args) > 2 else None for i in items]
-        new = graph.call_function(grouped_linear, (xs, ws, bs))
+        new = graph.call_function(grouped_linear, (xs, ws, bs), name=name)
         for dead in [*chain, *dict.fromkeys(items)]:  # last link first: each is then unused
             if not dead.users:
                 graph.erase_node(dead)
