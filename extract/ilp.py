@@ -85,11 +85,47 @@ reduced nodes, mmoe 483/681, ple 1,002/1,543, dynamic_schema 1,103/2,042),
 without -> with the need rows: mmoe proven in 0.40 -> 0.25 s, ple proven in
 1.61 -> 2.84 s, demo gap 0.40 -> 0.44 (worse incumbent at the limit),
 dynamic_schema 0.187 either way. So the rows are an option
-(``need_rows_max_nodes``), off by default.
+(``need_rows_max_nodes``); they were off by default until the cycle
+conflicts below made them pay.
 
-What is left after the need rows is the DAG-sharing weakness itself
-(fractional choices among batched alternatives that reconverge on the same
-classes); closing it needs branching, which HiGHS does not finish in 10 s.
+Cycle conflicts (in :func:`_build`, :func:`_cycle_conflicts`). ``below(n)``
+for a node n of class c inside a cyclic component is the need of n's
+children computed with c banned (:func:`_node_needs`): every acyclic program
+picking n has those classes under c. Nodes n (class c), m (class d) with d in
+below(n) and c in below(m) cannot both be chosen (``x_n + x_m <= 1``);
+likewise triples n -> m1 -> m2 -> n (``sum <= 2``). Exact: each row only
+forbids programs with a cycle. They cut the ``X = cat([slice(X), ..])``
+round trips whose list class has alternatives (plain need misses them) and
+the view round trips through lists. Measured on the pickled e-graphs of
+``--models`` (2 shared cores, 10 s, HiGHS relaxation = the model without any
+order rows): the relaxation optimum rose mmoe 122,971 -> 141,871 (the true
+optimum, and acyclic: proven without order rows), ple 214,431 -> 239,745,
+dynamic_schema 38,902 -> 59,000, demo 17,544 -> 20,098 (units of the
+smallest cost). Node-level need rows ``x_n <= y_d`` for d in below(n) and
+order rows ``t_c >= t_d + 1`` for them did not help (mmoe went from proven to
+gap 0.04 with the former). Results with this model, need rows on (default
+now ``need_rows_max_nodes=20,000``) and highspy:
+
+* mmoe proven in 0.9 s (before: gap 0.15 at 10 s; optimum 141,871 units =
+  1.418710e-04, the same as a 300 s run of the old model, proven at 25 s);
+* ple proven in 6.0 s (before: gap 0.17; the old model's 300 s run reached the
+  same program, 2.461095e-04, at gap 0.05);
+* dynamic_schema gap 0.62 -> 0.38, demo 0.36 -> 0.36: not proven. Their
+  incumbent is still the greedy program; the bound is the relaxation's.
+  On demo a loop adding order rows only for the classes of the cycles found
+  (M = their count) raised the bound by single view units per integer
+  resolve (20,094 -> 20,113 after 32 resolves, 10-60 s each): what is left
+  there is long (5-22 class) view/list cycles through batched layouts, and a
+  repair of the relaxed program into an acyclic one (greedy passes biased to
+  its nodes) gave nothing better than greedy, so the optimum may be far above
+  the bound.
+
+Solver: scipy 1.17's bundled HiGHS needs more than 10 s on ple with this very
+model (gap 0.044 at 10 s) where highspy 1.16 proves it in 5.6 s, so
+:func:`_solve` uses highspy when it is installed (a declared dependency) and
+scipy ``milp`` otherwise, up to 5,000 reduced e-nodes; beyond, scipy is
+faster (``IlpExtractor`` doc: synthetic splitcat(10000)), and the conflict
+rows are capped the same way.
 """
 
 from __future__ import annotations
@@ -97,6 +133,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -169,6 +206,133 @@ def _need_pairs(cg: CompactGraph, need: list[int | None]) -> list[tuple[int, int
     return pairs
 
 
+def _bits(mask: int):
+    """Indices of the set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def _needs_avoiding(cg: CompactGraph, members: list[int], banned: int, need: list[int | None],
+                    parents_in: list[list[int]]) -> dict[int, int | None]:
+    """``need`` on one component's classes for terms that do not use class ``banned``.
+
+    Same fixpoint as :func:`_needs`, restricted to ``members`` and to bits of
+    ``members``: a class of a lower component cannot reach ``banned`` and
+    holds no class of this one, so it only matters whether it has a term.
+    """
+    local: dict[int, int | None] = dict.fromkeys(members)
+    work = deque(c for c in members if c != banned)
+    queued = set(work)
+    while work:
+        c = work.popleft()
+        queued.discard(c)
+        acc: int | None = None
+        for n in cg.class_nodes[c]:
+            u = 0
+            for ch in cg.node_children[n]:
+                v = None if ch == c else local[ch] if ch in local else need[ch] and 0
+                if v is None:
+                    break
+                u |= v
+            else:
+                acc = u if acc is None else acc & u
+        if acc is None:
+            continue
+        acc |= 1 << c
+        if acc != local[c]:
+            local[c] = acc
+            for p in parents_in[c]:
+                if p != banned and p not in queued:
+                    queued.add(p)
+                    work.append(p)
+    return local
+
+
+def _node_needs(cg: CompactGraph, need: list[int | None], parts=None) -> dict[int, int | None]:
+    """Per node with a child in its own cyclic component: the classes below it.
+
+    ``below[n]`` is the set of classes of n's component that every acyclic
+    program picking n for its class c contains below c: below n nothing may
+    use c again, so it is the union over n's children of their need computed
+    with c banned (:func:`_needs_avoiding`). ``parts``: ``cg.components()``
+    if already computed. None:
+    no such program (n is never usable). Larger than the plain need of n's
+    children, because alternatives that go back through c are excluded.
+    """
+    comps, cyclic, labels = parts or cg.components()
+    parents_in: list[list[int]] = [[] for _ in range(cg.n_classes)]
+    for n, chs in enumerate(cg.node_children):
+        c = cg.node_class[n]
+        for ch in chs:
+            if ch != c and labels[ch] == labels[c]:
+                parents_in[ch].append(c)
+    below: dict[int, int | None] = {}
+    for members, is_cyclic in zip(comps, cyclic):
+        if not is_cyclic or len(members) < 2:
+            continue
+        for c in members:
+            inner = [n for n in cg.class_nodes[c] if any(labels[ch] == labels[c] for ch in cg.node_children[n])]
+            if not inner:
+                continue
+            local = _needs_avoiding(cg, members, c, need, parents_in)
+            for n in inner:
+                u: int | None = 0
+                for ch in cg.node_children[n]:
+                    v = local[ch] if ch in local else need[ch] and 0
+                    if v is None:
+                        u = None
+                        break
+                    u |= v
+                below[n] = u
+    return below
+
+
+def _cycle_conflicts(cg: CompactGraph, below: dict[int, int | None],
+                     max_rows: int = 50_000) -> list[tuple[int, ...]]:
+    """Node pairs and triples that can never all be chosen (they close a cycle).
+
+    Nodes n (class c) and m (class d) conflict when d is below n and c is
+    below m (``below`` of :func:`_node_needs`): c would be under itself.
+    Triples n -> m1 -> m2 -> n likewise, where no pair of them conflicts
+    already. At most ``max_rows`` are returned (each one is valid alone).
+    """
+    usable = {n: v for n, v in below.items() if v is not None}
+
+    def above(n: int, c: int) -> bool:  # class c is below node n
+        return n in usable and (usable[n] >> c) & 1 == 1
+
+    pairs: set[tuple[int, int]] = set()
+    for n, v in usable.items():
+        c = cg.node_class[n]
+        for d in _bits(v):
+            if d > c:
+                pairs.update((n, m) for m in cg.class_nodes[d] if above(m, c))
+    out: list[tuple[int, ...]] = sorted(pairs)
+
+    def free(a: int, b: int) -> bool:
+        return (min(a, b), max(a, b)) not in pairs and (max(a, b), min(a, b)) not in pairs
+
+    for n, v in usable.items():
+        c = cg.node_class[n]
+        for d1 in _bits(v):  # the smallest class of the cycle is c: each triple once
+            if d1 <= c:
+                continue
+            for m1 in cg.class_nodes[d1]:
+                if m1 not in usable or not free(n, m1):
+                    continue
+                for d2 in _bits(usable[m1] & ~v):  # d2 in v: (n, m2) would be a pair
+                    if d2 <= c:
+                        continue
+                    for m2 in cg.class_nodes[d2]:
+                        if above(m2, c) and free(m1, m2) and free(n, m2):
+                            out.append((n, m1, m2))
+                            if len(out) >= max_rows:
+                                return out
+    return out
+
+
 def _dominated(cg: CompactGraph, keep: list[bool], max_nodes: int = 256) -> None:
     """Clear ``keep`` for nodes dominated by a no-costlier node with a subset of their children."""
     cost, children = cg.node_cost, cg.node_children
@@ -217,7 +381,8 @@ def _restrict(cg: CompactGraph, keep: list[bool]) -> CompactGraph:
     return sub
 
 
-def _build(cg: CompactGraph, need_rows: bool = True) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
+def _build(cg: CompactGraph, need_rows: bool = True, conflict_rows: bool = True,
+           ) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
     """Objective, integrality, bounds, constraints and the number of x vars."""
     comps, cyclic, labels = cg.components()
     n_x, n_c = cg.n_nodes, cg.n_classes
@@ -250,6 +415,13 @@ def _build(cg: CompactGraph, need_rows: bool = True) -> tuple[np.ndarray, np.nda
     forced = 0
     for r in cg.roots:
         forced |= need[r] or 0
+
+    # Cycle conflicts: k nodes whose "below" sets chain back to the first
+    # class can have at most k - 1 chosen. They cut the cat-of-own-slices and
+    # view round trips that the big-M rows below only weaken by 1/M.
+    below = _node_needs(cg, need, (comps, cyclic, labels)) if conflict_rows else {}
+    for tup in _cycle_conflicts(cg, below):
+        row([(n, 1.0) for n in tup], -np.inf, len(tup) - 1.0)
 
     self_loops: list[int] = []
     inner: dict[tuple[int, int], list[int]] = {}  # (class, child) in one component -> nodes
@@ -295,6 +467,7 @@ def _build(cg: CompactGraph, need_rows: bool = True) -> tuple[np.ndarray, np.nda
         forced ^= low
     ub = np.ones(n_var)
     ub[self_loops] = 0.0
+    ub[[n for n, v in below.items() if v is None]] = 0.0  # no acyclic program can pick it
     for c, j in t_index.items():
         ub[j] = size[labels[c]] - 1
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n_var)).tocsr()
@@ -322,21 +495,35 @@ class IlpExtractor:
     it (10,000-node split/cat chain: 2.9 s with, over 20 s without). So it is
     switched off when a class has more than ``presolve_max_users`` users.
 
-    ``need_rows_max_nodes`` (default 0 = off): the need-implication rows
-    (module doc) are added only up to this many reduced e-nodes. Off by
-    default because on the current pipeline e-graphs they did not pay (module
-    doc); 20,000 is a sensible value to try. On split_cat_chain(10000) (38,552
-    reduced nodes) they do not move the LP bound and made HiGHS overrun a 10 s
-    limit by 4.5 s instead of 0.6 s. Root needs are fixed to 1 regardless.
+    ``need_rows_max_nodes`` (default 20,000): the need-implication rows
+    (module doc) are added only up to this many reduced e-nodes. With the
+    cycle-conflict rows they pay (ple proven in 6 s with, gap 0.07 without).
+    On split_cat_chain(10000) (38,552 reduced nodes) they do not move the LP
+    bound and made HiGHS overrun a 10 s limit by 4.5 s instead of 0.6 s,
+    hence the cap. Root needs are fixed to 1 regardless.
+
+    ``conflict_rows_max_nodes`` (default 5,000): the cycle-conflict rows
+    (module doc) likewise. On the synthetic splitcat(10000) (9,999 reduced
+    nodes) they made scipy's HiGHS take 7.9 s instead of 2.3 s; the real
+    e-graphs they are for have under 2,200.
+
+    ``highspy_max_nodes`` (default 5,000): up to this many reduced e-nodes
+    the MIP goes to highspy when it is installed (it proves ple, scipy's
+    bundled HiGHS does not in 10 s); above, to scipy ``milp``: on
+    splitcat(10000) highspy 1.16 took 8.7 s against 2.3 s, and with the
+    conflict rows as well it overran the 10 s limit (19.7 s, not solved).
     """
 
     name = "ilp"
 
     def __init__(self, time_limit: float = 10.0, mip_rel_gap: float = 1e-6,
                  presolve: bool | None = None, presolve_max_users: int = 2000,
-                 need_rows_max_nodes: int = 0) -> None:
+                 need_rows_max_nodes: int = 20_000, conflict_rows_max_nodes: int = 5_000,
+                 highspy_max_nodes: int = 5_000) -> None:
         self.time_limit = time_limit
+        self.highspy_max_nodes = highspy_max_nodes
         self.need_rows_max_nodes = need_rows_max_nodes
+        self.conflict_rows_max_nodes = conflict_rows_max_nodes
         self.mip_rel_gap = mip_rel_gap
         self.presolve = presolve
         self.presolve_max_users = presolve_max_users
@@ -362,8 +549,9 @@ class IlpExtractor:
         cg = reduce_for_ilp(cg)
         info.update(ilp_classes=cg.n_classes, ilp_nodes=cg.n_nodes, reduce_s=time.perf_counter() - t0)
         need_rows = cg.n_nodes <= self.need_rows_max_nodes
-        objective, integrality, bounds, constraints, n_x = _build(cg, need_rows)
-        info["need_rows"] = need_rows
+        conflict_rows = cg.n_nodes <= self.conflict_rows_max_nodes
+        objective, integrality, bounds, constraints, n_x = _build(cg, need_rows, conflict_rows)
+        info.update(need_rows=need_rows, conflict_rows=conflict_rows)
         positive = objective[objective > 0]
         unit = float(positive.min()) if positive.size else 1.0
         objective = objective / unit  # HiGHS tolerances are absolute: keep costs O(1) and up
@@ -372,12 +560,10 @@ class IlpExtractor:
             users = np.diff(constraints.A.tocsc().indptr)[n_x: n_x + cg.n_classes]
             presolve = bool(users.max(initial=0) <= self.presolve_max_users + 1)
         remaining = max(0.1, self.time_limit - (time.perf_counter() - t0))
-        res = milp(
-            objective, integrality=integrality, bounds=bounds, constraints=constraints,
-            options={"time_limit": remaining, "mip_rel_gap": self.mip_rel_gap, "disp": False,
-                     "presolve": presolve},
-        )
-        info["presolve"] = presolve
+        res = _solve(objective, integrality, bounds, constraints,
+                     {"time_limit": remaining, "mip_rel_gap": self.mip_rel_gap, "presolve": presolve},
+                     use_highspy=cg.n_nodes <= self.highspy_max_nodes)
+        info.update(presolve=presolve, solver=res.solver)
         info.update(stop=res.message, status=int(res.status), build_and_solve_s=time.perf_counter() - t0)
         dual = getattr(res, "mip_dual_bound", None)
         if dual is not None:
@@ -395,6 +581,50 @@ class IlpExtractor:
         optimal = res.status == 0
         gap = 0.0 if optimal else _gap(cost, dual, getattr(res, "mip_gap", None))
         return Extraction(choice, cost, "ilp", optimal, gap, info=info)
+
+
+def _solve(objective: np.ndarray, integrality: np.ndarray, bounds: Bounds, constraints: LinearConstraint,
+           options: dict[str, float | bool], use_highspy: bool = True) -> SimpleNamespace:
+    """Solve the MIP with highspy if asked and installed, else scipy ``milp`` (its result's fields).
+
+    highspy (HiGHS 1.16) proved ple in 5.6 s where scipy 1.17's bundled HiGHS
+    stopped at a 4.4 % gap after 10 s, on the same model; on the synthetic
+    splitcat(10000) it is the other way round (8.6 s against 2.5 s).
+    """
+    try:
+        if not use_highspy:
+            raise ImportError
+        import highspy
+    except ImportError:
+        res = milp(objective, integrality=integrality, bounds=bounds, constraints=constraints,
+                   options={**options, "disp": False})
+        return SimpleNamespace(x=res.x, status=int(res.status), message=res.message, solver="scipy",
+                               mip_dual_bound=getattr(res, "mip_dual_bound", None),
+                               mip_gap=getattr(res, "mip_gap", None))
+    # The bare core class: highspy.Highs() prints a banner to stdout when created.
+    h = getattr(getattr(highspy, "_core", None), "_Highs", highspy.Highs)()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(options["time_limit"]))
+    h.setOptionValue("mip_rel_gap", float(options["mip_rel_gap"]))
+    h.setOptionValue("presolve", "on" if options["presolve"] else "off")
+    a = constraints.A.tocsr()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = a.shape[1], a.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = objective, bounds.lb, bounds.ub
+    lp.row_lower_, lp.row_upper_ = constraints.lb, constraints.ub
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+    kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+    lp.integrality_ = [kinds[int(k)] for k in integrality]
+    h.passModel(lp)
+    h.run()
+    status, info = h.getModelStatus(), h.getInfo()
+    has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    return SimpleNamespace(
+        x=np.array(h.getSolution().col_value) if has_x else None,
+        status=0 if status == highspy.HighsModelStatus.kOptimal else 1,
+        message=h.modelStatusToString(status), solver="highspy",
+        mip_dual_bound=info.mip_dual_bound, mip_gap=info.mip_gap)
 
 
 def _gap(cost: float, dual: float | None, reported: float | None) -> float | None:

@@ -462,3 +462,25 @@ def test_random_graphs_ilp_with_and_without_need_rows_agree() -> None:
         assert with_rows.optimal
         checked += 1
     assert checked >= 50
+
+
+def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
+    from optimus_eqsat.extract.ilp import _cycle_conflicts, _needs, _node_needs
+
+    # X = {cat(L) 5, x 10}; L = {cons(A, B) 0, cons(C, B) 0}; A = {s0(X) 0, a 10};
+    # B = {s1(X) 0, b 10}; C = {c 10}. Under cat, B is always there (both
+    # lists hold it) and may not use X: cat and s1 conflict, cat/cons(A)/s0 form a triple.
+    X, L, A, B, C = range(5)
+    g = ExtractionGraph([
+        [N("cat", L, cost=5), N("x", cost=10)],
+        [N("cons", A, B, cost=0), N("cons", C, B, cost=0)],
+        [N("s0", X, cost=0), N("a", cost=10)],
+        [N("s1", X, cost=0), N("b", cost=10)],
+        [N("c", cost=10)],
+    ], [X])
+    cg = compact(g)
+    conflicts = _cycle_conflicts(cg, _node_needs(cg, _needs(cg)))
+    label = {n: g.classes[cg.class_orig[cg.node_class[n]]][cg.node_local[n]].op for n in range(cg.n_nodes)}
+    named = {tuple(sorted(label[n] for n in t)) for t in conflicts}
+    assert ("cat", "s1") in named and ("cat", "cons", "s0") in named
+    assert get_extractor("ilp").extract(g).cost == 10.0
