@@ -4,7 +4,8 @@
 #   OUT=benchmarks/results/gpu bash benchmarks/device_run.sh
 #
 # Wheels in .whl/ (egglog and what it imports, for a machine without a package
-# registry) are installed first when egglog is missing. Every step has its own time limit
+# registry; add highspy's for the ILP's faster solver, else it uses scipy's HiGHS)
+# are installed first when egglog is missing. Every step has its own time limit
 # and appends to its own file, so a step that runs long loses only itself.
 # DEVICE=cpu dry-runs the same steps on a machine without a GPU (gpu_check then
 # only reports that there is no CUDA device).
