@@ -356,11 +356,14 @@ def test_real_demo_egraph_ilp_valid_and_auto_bounded() -> None:
     greedy = get_extractor("greedy").extract(g)
     t0 = time.perf_counter()
     auto = get_extractor("auto", time_limit=10).extract(g)
-    assert time.perf_counter() - t0 < 5  # auto caps the ILP (max_ilp_seconds)
+    # The demo's gap is still about 0.36 at 2 s: auto gives up then instead of
+    # using all of max_ilp_seconds (8).
+    assert time.perf_counter() - t0 < 5
     check(g, auto)
     assert auto.cost <= greedy.cost * (1 + 1e-12)
     if not auto.optimal:
         assert auto.gap is None or auto.gap > 0
+        assert "interrupt" in str(auto.info.get("stop")).lower() or auto.info.get("solver") == "scipy"
 
 
 def test_reduce_for_ilp_is_exact_on_random_graphs() -> None:
