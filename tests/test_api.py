@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -87,6 +88,26 @@ def test_nothing_to_optimize_is_unchanged():
     gm = torch.fx.symbolic_trace(f)
     optimized = optimize_graph(gm, (torch.randn(3, 4), torch.randn(5, 4)), raise_on_error=True)
     assert op_counts(optimized) == op_counts(gm)
+
+
+def test_garbage_collector_state_is_restored(tmp_path):
+    # optimize_graph pauses the cyclic collector while it runs (api._gc_paused)
+    gm = torch.fx.symbolic_trace(Model())
+    x = (torch.randn(5, 12),)
+    assert gc.isenabled()
+    optimize_graph(gm, x)
+    assert gc.isenabled()
+    rules = tmp_path / "broken.egg"
+    rules.write_text("(ruleset mine)\n(rewrite (Slice x) :ruleset mine)\n")
+    with pytest.raises(OptimizationError):  # fails inside the paused region
+        optimize_graph(gm, x, rule_files=[str(rules)], raise_on_error=True)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        optimize_graph(gm, x)
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()
 
 
 def test_input_is_not_mutated_and_result_is_new():
