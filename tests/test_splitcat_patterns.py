@@ -162,3 +162,39 @@ def test_reports_rules_fired():
     optimized = optimize_and_check(p4_split_cat_whole, torch.randn(3, 12))
     fired = optimized.meta["optimus_eqsat"].rules_fired
     assert fired.get("cat-run-merge", 0) > 0 and fired.get("slice-full", 0) > 0
+
+
+# Long runs (cat-run rules in rewrites/generated.py grow runs by doubling spans):
+# unequal piece widths, run lengths that are not powers of two, interrupted runs.
+
+
+def _run_37_unit_pieces(x):
+    return torch.cat(torch.split(x, 1, dim=1), dim=1).relu()
+
+
+def _run_ragged_pieces(x):
+    return torch.cat(torch.split(x, [1, 2, 3, 4, 5, 6, 7, 8, 1], dim=1), dim=1).relu()
+
+
+def _runs_around_another_tensor(x, y):
+    s = torch.split(x, 1, dim=1)
+    return torch.cat([s[i] for i in range(10)] + [y] + [s[i] for i in range(10, 21)], dim=1).relu()
+
+
+def _runs_out_of_order(x):
+    s = torch.split(x, 1, dim=1)
+    return torch.cat([s[i] for i in range(20, 37)] + [s[i] for i in range(13)], dim=1).relu()
+
+
+@pytest.mark.parametrize("pattern, shapes, most_cat_inputs", [
+    (_run_37_unit_pieces, [(3, 37)], 0),
+    (_run_ragged_pieces, [(3, 37)], 0),
+    (_runs_around_another_tensor, [(3, 37), (3, 5)], 3),
+    (_runs_out_of_order, [(3, 37)], 2),
+], ids=lambda v: getattr(v, "__name__", None))
+def test_long_runs_merge_into_one_piece_each(pattern, shapes, most_cat_inputs):
+    inputs = tuple(torch.randn(*s) for s in shapes)
+    optimized = optimize_and_check(pattern, *inputs)
+    cats = [n for n in optimized.graph.nodes if n.op == "call_function" and n.target in (torch.cat, torch.concat)]
+    assert sum(len(n.args[0]) for n in cats) <= most_cat_inputs, optimized.code
+    assert not (set(op_counts(optimized)) & {"split", "chunk", "unbind"}), optimized.code
