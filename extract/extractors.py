@@ -32,18 +32,21 @@ class AutoExtractor:
     45,000 e-nodes solved in ~3 s on these machines (DESIGN.md), so the default
     size cut-off keeps the ILP within its ``time_limit`` on typical graphs.
     The ILP gets at most ``max_ilp_seconds`` (default 8) of that limit, and
-    gives up after ``give_up_after_s`` (default 2) while its gap is above 0.3
-    (``IlpExtractor``): real e-graphs it can prove are proven within 5 s
-    (ple, the slowest, 4.3 s: bench_extractors.py --models), and where the
-    gap is still that wide at 2 s, more time has not closed it. With a flat
-    2 s limit, ple's result depended on the machine's load (its proof needs
-    4 s): predicted 47 or 50 launches on the h100 profile.
+    gives up after ``give_up_after_s`` (default 1.5) while its gap is above 0.3
+    (``IlpExtractor``; the check runs at HiGHS's MIP interrupts, which can be
+    seconds apart: 1.5 s makes the demo stop at 1.7 s where 2 s let it run to
+    3.7 s). Real e-graphs it can prove are proven within 5 s (ple, the
+    slowest, 4.1 s alone and 7.4-7.9 s with three solves on two cores;
+    ple's gap is 0.19 at 1.1 s), and where the gap is still that wide after
+    1.5 s, more time has not closed it in 10 s (bench_extractors.py --models).
+    With a flat 2 s limit, ple's result depended on the machine's load (its
+    proof needs 4 s): predicted 47 or 50 launches on the h100 profile.
     """
 
     name = "auto"
 
     def __init__(self, max_ilp_nodes: int = 50_000, time_limit: float = 10.0, paid_rounds: int = 3,
-                 max_ilp_seconds: float = 8.0, give_up_after_s: float = 2.0) -> None:
+                 max_ilp_seconds: float = 8.0, give_up_after_s: float = 1.5) -> None:
         self.max_ilp_nodes = max_ilp_nodes
         self.greedy = GreedyDagExtractor(paid_rounds=paid_rounds)
         self.ilp = IlpExtractor(time_limit=min(time_limit, max_ilp_seconds), give_up_after_s=give_up_after_s)
