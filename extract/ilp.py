@@ -133,6 +133,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from typing import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -143,6 +144,36 @@ from .egraph import CompactGraph, ENode, Extraction, ExtractionError, Extraction
 from .greedy import GreedyDagExtractor
 
 __all__ = ["IlpExtractor", "reduce_for_ilp"]
+
+
+def _children_need(cg: CompactGraph, n: int, c: int, need_of: Callable[[int], int | None]) -> int | None:
+    """Union of the needs of node n's children (n in class c); None when a child has
+    no term (``need_of`` gives None) or is c itself."""
+    u = 0
+    for ch in cg.node_children[n]:
+        v = None if ch == c else need_of(ch)
+        if v is None:
+            return None
+        u |= v
+    return u
+
+
+def _class_need(cg: CompactGraph, c: int, need_of: Callable[[int], int | None]) -> int | None:
+    """One step of the need fixpoint: c plus what every node of c with a term needs
+    (None: no node of c has one yet)."""
+    acc: int | None = None
+    for n in cg.class_nodes[c]:
+        u = _children_need(cg, n, c, need_of)
+        if u is not None:
+            acc = u if acc is None else acc & u
+    return None if acc is None else acc | (1 << c)
+
+
+def _local_need(local: dict[int, int | None], need: list[int | None]) -> Callable[[int], int | None]:
+    """Need of a child in a component-local fixpoint (:func:`_needs_avoiding`): its local
+    value inside the component; outside, 0 when it has a term (it holds no class of
+    the component), else None."""
+    return lambda ch: local[ch] if ch in local else need[ch] and 0
 
 
 def _needs(cg: CompactGraph) -> list[int | None]:
@@ -158,19 +189,9 @@ def _needs(cg: CompactGraph) -> list[int | None]:
     while work:
         c = work.popleft()
         queued[c] = False
-        acc: int | None = None
-        for n in cg.class_nodes[c]:
-            u = 0
-            for ch in cg.node_children[n]:
-                v = need[ch] if ch != c else None
-                if v is None:
-                    break
-                u |= v
-            else:
-                acc = u if acc is None else acc & u
+        acc = _class_need(cg, c, need.__getitem__)
         if acc is None:
             continue
-        acc |= 1 << c
         if acc != need[c]:
             need[c] = acc
             for p in parents[c]:
@@ -192,17 +213,10 @@ def _need_pairs(cg: CompactGraph, need: list[int | None]) -> list[tuple[int, int
         if v is None:
             continue
         v &= ~(1 << c)
-        cover, m = 0, v
-        while m:
-            low = m & -m
-            d = low.bit_length() - 1
-            m ^= low
-            cover |= need[d] & ~low  # type: ignore[operator]
-        m = v & ~cover
-        while m:
-            low = m & -m
-            pairs.append((c, low.bit_length() - 1))
-            m ^= low
+        cover = 0
+        for d in _bits(v):
+            cover |= need[d] & ~(1 << d)  # type: ignore[operator]
+        pairs.extend((c, d) for d in _bits(v & ~cover))
     return pairs
 
 
@@ -228,19 +242,9 @@ def _needs_avoiding(cg: CompactGraph, members: list[int], banned: int, need: lis
     while work:
         c = work.popleft()
         queued.discard(c)
-        acc: int | None = None
-        for n in cg.class_nodes[c]:
-            u = 0
-            for ch in cg.node_children[n]:
-                v = None if ch == c else local[ch] if ch in local else need[ch] and 0
-                if v is None:
-                    break
-                u |= v
-            else:
-                acc = u if acc is None else acc & u
+        acc = _class_need(cg, c, _local_need(local, need))
         if acc is None:
             continue
-        acc |= 1 << c
         if acc != local[c]:
             local[c] = acc
             for p in parents_in[c]:
@@ -276,16 +280,9 @@ def _node_needs(cg: CompactGraph, need: list[int | None], parts=None) -> dict[in
             inner = [n for n in cg.class_nodes[c] if any(labels[ch] == labels[c] for ch in cg.node_children[n])]
             if not inner:
                 continue
-            local = _needs_avoiding(cg, members, c, need, parents_in)
+            need_of = _local_need(_needs_avoiding(cg, members, c, need, parents_in), need)
             for n in inner:
-                u: int | None = 0
-                for ch in cg.node_children[n]:
-                    v = local[ch] if ch in local else need[ch] and 0
-                    if v is None:
-                        u = None
-                        break
-                    u |= v
-                below[n] = u
+                below[n] = _children_need(cg, n, c, need_of)
     return below
 
 
@@ -461,10 +458,7 @@ def _build(cg: CompactGraph, need_rows: bool = True, conflict_rows: bool = True,
     integrality[: n_x + n_c] = 1
     lb = np.zeros(n_var)
     lb[[n_x + r for r in cg.roots]] = 1.0
-    while forced:
-        low = forced & -forced
-        lb[n_x + low.bit_length() - 1] = 1.0
-        forced ^= low
+    lb[[n_x + d for d in _bits(forced)]] = 1.0
     ub = np.ones(n_var)
     ub[self_loops] = 0.0
     ub[[n for n, v in below.items() if v is None]] = 0.0  # no acyclic program can pick it
