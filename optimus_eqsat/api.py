@@ -429,7 +429,7 @@ class OptimizationRun:
         self.graph, self.extraction = saved
         self._record_extraction()  # the report describes the kept extraction, not the last variant
         report.dropped_batches = list(best[2])
-        return None, best[1], best[0]
+        return (None if best[2] else result), best[1], best[0]
 
     def finish(self) -> torch.fx.GraphModule:
         """Rebuild, predict launches before/after, and keep the original if the result is worse."""
