@@ -35,12 +35,13 @@ class AutoExtractor:
     gives up after ``give_up_after_s`` (default 1.5) while its gap is above 0.3
     (``IlpExtractor``; the check runs at HiGHS's MIP interrupts, which can be
     seconds apart: 1.5 s makes the demo stop at 1.7 s where 2 s let it run to
-    3.7 s). Real e-graphs it can prove are proven within 5 s (ple, the
-    slowest, 4.1 s alone and 7.4-7.9 s with three solves on two cores;
-    ple's gap is 0.19 at 1.1 s), and where the gap is still that wide after
-    1.5 s, more time has not closed it in 10 s (bench_extractors.py --models).
-    With a flat 2 s limit, ple's result depended on the machine's load (its
-    proof needs 4 s): predicted 47 or 50 launches on the h100 profile.
+    3.7 s). ple is proven in 1.9-3.9 s. dynamic_schema, which the ILP alone
+    proves in 5.2-5.6 s since the reach rows (ilp.py), is given up at about
+    2 s with a gap of 0.31: its optimum is the greedy program, so auto
+    returns the same program, unproven (bench_extractors.py --models). The
+    demo's gap stays at 0.36 for as long as it was run. With a flat 2 s
+    limit, ple's result depended on the machine's load: predicted 47 or 50
+    launches on the h100 profile.
     """
 
     name = "auto"

@@ -487,3 +487,123 @@ def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
     named = {tuple(sorted(label[n] for n in t)) for t in conflicts}
     assert ("cat", "s1") in named and ("cat", "cons", "s0") in named
     assert get_extractor("ilp").extract(g).cost == 10.0
+
+
+# ------------------------------------------------------------ acyclicity rows
+
+
+def _class_graph(cg):
+    import networkx as nx
+
+    return nx.DiGraph([(cg.node_class[n], ch) for n, chs in enumerate(cg.node_children) for ch in chs
+                       if ch != cg.node_class[n]])
+
+
+def test_hubs_are_a_feedback_vertex_set_holding_their_cycles() -> None:
+    import networkx as nx
+
+    from optimus_eqsat.extract.ilp import _arcs, _hubs
+
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(200):
+        g = random_graph(rng, max_classes=12)
+        try:
+            cg = compact(g)
+        except ExtractionError:
+            continue
+        graph = _class_graph(cg)
+        comps, cyclic, _ = cg.components()
+        for members, is_cyclic in zip(comps, cyclic):
+            if not is_cyclic or len(members) < 2:
+                continue
+            arcs = _arcs(cg, members, {})
+            hubs = _hubs(arcs, 10**6)
+            order = [h for h, _ in hubs]
+            # Removing the hubs leaves no cycle; each cycle lies in the set of its first hub.
+            assert nx.is_directed_acyclic_graph(graph.subgraph(set(members) - set(order)))
+            for cycle in nx.simple_cycles(graph.subgraph(members)):
+                first = min(order.index(c) for c in cycle if c in order)
+                assert set(cycle) <= hubs[first][1]
+            checked += 1
+    assert checked >= 20
+    assert _hubs(arcs, 0) is None  # over the budget: the caller uses order rows
+
+
+def view_cycle_graph(rng: random.Random, n: int) -> ExtractionGraph:
+    """n classes, each with one costly "own" node and 1-2 cheap "view" nodes onto any class:
+    many cycles that survive the ILP's reductions (the plain random graphs rarely keep one)."""
+    classes = []
+    for _ in range(n):
+        nodes = [N("own", *rng.sample(range(n), rng.randint(0, 1)), cost=rng.choice([1.0, 2.0, 3.0]))]
+        for _ in range(rng.randint(1, 2)):
+            nodes.append(N("view", *rng.sample(range(n), rng.randint(1, 2)), cost=rng.choice([0.0, 0.5])))
+        classes.append(nodes)
+    return ExtractionGraph(classes, rng.sample(range(n), rng.randint(1, 2)))
+
+
+def test_random_graphs_reach_rows_and_order_rows_agree_with_brute_force() -> None:
+    from optimus_eqsat.extract.ilp import IlpExtractor
+
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(100):
+        g = view_cycle_graph(rng, rng.randint(3, 7))
+        optimum = brute_force(g)
+        if optimum == INF:
+            continue
+        # Without the conflict rows (they cut the short cycles themselves).
+        reach = IlpExtractor(conflict_rows_max_nodes=-1).extract(g)
+        order = IlpExtractor(conflict_rows_max_nodes=-1, max_reach_arcs=0).extract(g)
+        check(g, reach)
+        check(g, order)
+        assert reach.cost == pytest.approx(optimum) == order.cost
+        assert reach.optimal and order.optimal
+        if reach.info.get("reach_hubs"):  # a cyclic component went to reach rows, and to order rows below
+            assert order.info["reach_hubs"] == 0 and order.info["order_components"] > 0
+            checked += 1
+    assert checked >= 20
+
+
+def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
+    import numpy as np
+    from scipy.optimize import milp
+
+    from optimus_eqsat.extract.ilp import _Model, _arcs, _hubs, _reach_rows
+
+    # X = {cat(L) 0, x 10}; L = {cons(A) 0}; A = {s(X) 0, a 10}: without acyclicity
+    # rows the MIP takes the free cycle X -> L -> A -> X.
+    X, L, A = range(3)
+    g = ExtractionGraph([[N("cat", L, cost=0), N("x", cost=10)], [N("cons", A, cost=0)],
+                         [N("s", X, cost=0), N("a", cost=10)]], [X])
+    cg = compact(g)
+    n_x, n_c = cg.n_nodes, cg.n_classes
+    model = _Model(n_x + n_c)
+    for c, nodes in enumerate(cg.class_nodes):
+        model.row([(n, 1.0) for n in nodes] + [(n_x + c, -1.0)], 0.0, 0.0)
+    for n, chs in enumerate(cg.node_children):
+        for ch in chs:
+            model.row([(n, 1.0), (n_x + ch, -1.0)], -np.inf, 0.0)
+
+    def solve(m):
+        from scipy.optimize import Bounds, LinearConstraint
+        from scipy.sparse import coo_matrix
+
+        size = m.n_cols
+        a = coo_matrix((m.vals, (m.rows, m.cols)), shape=(len(m.lo), size))
+        lb = np.zeros(size)
+        lb[n_x + cg.roots[0]] = 1
+        ub = np.concatenate([np.ones(n_x + n_c), m.extra_ub])
+        cost = np.zeros(size)
+        cost[:n_x] = cg.node_cost
+        integrality = np.zeros(size)
+        integrality[: n_x + n_c] = 1
+        return milp(cost, integrality=integrality, bounds=Bounds(lb, ub), constraints=LinearConstraint(a, m.lo, m.hi)).fun
+
+    assert solve(model) == 0.0  # the cycle
+    members = list(range(n_c))
+    arcs = _arcs(cg, members, {})
+    hubs = _hubs(arcs, 100)
+    assert len(hubs) == 1
+    _reach_rows(model, *hubs[0], arcs)
+    assert solve(model) == 10.0  # x, or cat of a
