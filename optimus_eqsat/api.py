@@ -21,6 +21,7 @@ from .extract.egraph import ENode, ExtractionGraph
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
 from .extract.group_search import GroupMove, improve_with_groups
+from .inductor_compat import split_attention_key_permutes
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
 from .saturate import EGraphSession, Limits
@@ -341,6 +342,7 @@ class OptimizationRun:
         the e-graph's shapes, enough for the cost model (candidates in refine).
         """
         result = rebuild(self.translation, self.egraph, self.extraction.choice)
+        split_attention_key_permutes(result)  # a form Inductor's attention fusion crashes on
         if meta and self._wants_meta:
             # Dynamo/export graphs: new nodes get fake-tensor meta like the rest (Inductor's
             # own passes read it). A symbolic_trace graph with example inputs skips this:

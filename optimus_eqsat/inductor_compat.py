@@ -1,0 +1,109 @@
+"""Keep our programs clear of known Inductor bugs that our rewrites would trigger.
+
+Attention key permutes. Our permute rules fold ``k.transpose(1, 2)`` and the
+``.transpose(-2, -1)`` of ``q @ k^T`` into one ``permute(0, 2, 3, 1)``. Inductor's
+attention fusion (torch 2.13, ``fx_passes/fuse_attention.py``, pattern 28:
+``matmul(q, k.transpose(-2, -1)).mul(s).softmax(-1).matmul(v)`` with
+non-contiguous q/k/v) also matches that single permute, and its replacement
+then hands SDPA the un-permuted tensor as the key: compiling under no_grad fails
+with "Attempting to broadcast a dimension of length 16". Hand-written eager code
+with the same permute fails the same way, so the bug is Inductor's; we only stop
+emitting the form it trips on, by splitting such a key permute back into a
+permute that keeps the last two axes in order and a swap of those two. Views
+launch nothing, so the predicted cost is unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .extract.fx_cost import SHAPE_META, TensorInfo, node_tensor_infos, target_name
+
+__all__ = ["split_attention_key_permutes"]
+
+_MATMULS = {"matmul", "bmm"}
+_SCALES = {"mul", "div", "truediv"}
+_SOFTMAX = {"softmax", "_softmax"}
+
+
+def _op(node: torch.fx.Node) -> str:
+    """The op name of a call node ("" for placeholders, attributes, outputs)."""
+    return target_name(node.target) if node.op in ("call_function", "call_method") else ""
+
+
+def _permute_dims(node: torch.fx.Node) -> list[int] | None:
+    """The dims of a ``permute`` node (function or method form), else None."""
+    if _op(node) != "permute":
+        return None
+    if node.op == "call_method":  # x.permute(0, 2, 3, 1) or x.permute([0, 2, 3, 1])
+        dims = node.args[1:]
+        if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+            dims = dims[0]
+    else:  # torch.permute(x, [0, 2, 3, 1]), aten.permute, or dims=
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dims")
+    if not isinstance(dims, (list, tuple)) or not dims or not all(isinstance(d, int) for d in dims):
+        return None
+    return [d % len(dims) for d in dims]
+
+
+def _feeds_softmax(node: torch.fx.Node, hops: int = 3) -> bool:
+    """Whether ``node`` reaches a softmax through at most ``hops`` scale ops (mul / div)."""
+    frontier = [node]
+    for _ in range(hops):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                name = _op(user)
+                if name in _SOFTMAX:
+                    return True
+                if name in _SCALES:
+                    nxt.append(user)
+        frontier = nxt
+    return False
+
+
+def split_attention_key_permutes(gm: torch.fx.GraphModule) -> int:
+    """Split each attention key permute that moves the last axis into two permutes.
+
+    Applies to ``matmul(q, permute(k, p))`` feeding a softmax (through scale
+    ops) where ``p`` moves the last axis but is not just a swap of the last two:
+    the key becomes ``permute(permute(k, p'), [.., n-1, n-2])`` with ``p'`` = p with
+    its last two entries swapped. Returns how many were split; recompiles if any.
+    """
+    split = 0
+    for node in list(gm.graph.nodes):
+        if _op(node) not in _MATMULS or len(node.args) < 2 or not isinstance(node.args[1], torch.fx.Node):
+            continue
+        key = node.args[1]
+        dims = _permute_dims(key)
+        if dims is None or len(dims) < 3 or dims[-1] == len(dims) - 1:
+            continue
+        first = dims[:-2] + [dims[-1], dims[-2]]
+        if first == list(range(len(dims))) or not _feeds_softmax(node):
+            continue  # already a plain transpose(-2, -1), or not attention
+        swap = list(range(len(dims) - 2)) + [len(dims) - 1, len(dims) - 2]
+        with gm.graph.inserting_after(key):
+            head = gm.graph.call_function(torch.permute, (key.args[0], first))
+        with gm.graph.inserting_after(head):
+            tail = gm.graph.call_function(torch.permute, (head, swap))
+        _copy_shape_meta(key, head, first, tail)
+        node.replace_input_with(key, tail)
+        if not key.users:
+            gm.graph.erase_node(key)
+        split += 1
+    if split:
+        gm.graph.lint()
+        gm.recompile()
+    return split
+
+
+def _copy_shape_meta(key: torch.fx.Node, head: torch.fx.Node, first: list[int], tail: torch.fx.Node) -> None:
+    """Shape meta for the two new permutes, from the key's input (the cost model reads it)."""
+    infos = node_tensor_infos(key.args[0])
+    if not infos or len(infos) != 1 or len(infos[0].shape) != len(first):
+        return
+    src = infos[0]
+    shape = tuple(src.shape[d] for d in first)
+    head.meta[SHAPE_META] = TensorInfo(shape, src.itemsize)
+    tail_shape = shape[:-2] + (shape[-1], shape[-2])
+    tail.meta[SHAPE_META] = TensorInfo(tail_shape, src.itemsize)
