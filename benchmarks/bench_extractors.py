@@ -1,7 +1,7 @@
 """Extraction time and cost per extractor on synthetic e-graphs.
 
 Run ``python benchmarks/bench_extractors.py [--sizes 1000 10000 100000]
-[--time-limit 10] [--models]``. ``--models`` instead extracts the real
+[--time-limit 10] [--models] [--out table.md]``. ``--models`` instead extracts the real
 e-graphs our pipeline saturates (OptimizationRun.saturate) for DemoRecModel,
 split_cat_chain(1000 / 10000) and every model of ``benchmarks.zoo.MODELS``
 that ``torch.fx.symbolic_trace`` accepts. The generators are also used by
@@ -21,6 +21,7 @@ E-graph families (sizes are e-node counts, approximately):
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from optimus_eqsat.extract.egraph import ENode, ExtractionError, ExtractionGraph
@@ -158,19 +159,34 @@ def run_models(time_limit: float, extractors: list[str]) -> list[dict[str, objec
     return rows
 
 
+def to_markdown(rows: list[dict[str, object]], command: str) -> str:
+    """The rows as a markdown table, with the command that made them."""
+    lines = [f"Made by `{command}`.", "",
+             "| graph | e-nodes | extractor | seconds | cost | result by | optimal | gap |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gap = "" if r["gap"] is None else f"{r['gap']:.3g}"
+        lines.append(f"| {r['family']} | {r['nodes']} | {r['extractor']} | {r['seconds']:.2f} | {r['cost']:.6g} "
+                     f"| {r['result_by']} | {r['optimal']} | {gap} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     ap.add_argument("--time-limit", type=float, default=10.0, help="ILP time limit (s)")
     ap.add_argument("--extractors", nargs="+", default=["greedy", "ilp", "auto"])
     ap.add_argument("--models", action="store_true", help="real pipeline e-graphs instead of synthetic ones")
+    ap.add_argument("--out", default="", help="also write the table (markdown) to this file")
     args = ap.parse_args()
     if args.models:
         print(f"{'graph':<22} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>12} {'result by':<8} {'optimal':<7} gap")
-        run_models(args.time_limit, args.extractors)
-        return
-    print(HEADER)
-    run(args.sizes, args.time_limit, args.extractors)
+        rows = run_models(args.time_limit, args.extractors)
+    else:
+        print(HEADER)
+        rows = run(args.sizes, args.time_limit, args.extractors)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(to_markdown(rows, "python benchmarks/bench_extractors.py " + " ".join(sys.argv[1:])))
 
 
 if __name__ == "__main__":
