@@ -505,8 +505,8 @@ def _hubs(arcs: dict[int, dict[int, list[int]]], max_arcs: int) -> list[tuple[in
     return out
 
 
-def _reach_rows(model: _Model, hub: int, members: set[int], arcs: dict[int, dict[int, list[int]]]) -> None:
-    """Forbid every cycle through ``hub`` inside ``members`` (acyclicity, exact).
+def _reach_rows(model: _Model, hub: int, members: set[int], arcs: dict[int, dict[int, list[int]]]) -> int:
+    """Forbid every cycle through ``hub`` inside ``members`` (acyclicity, exact); returns the arcs used.
 
     ``r_c`` (continuous, 0..1) is at least 1 when c reaches the hub in the
     chosen program: ``r_c >= [c picks an arc to hub]`` and ``r_c >= [c picks
@@ -518,17 +518,19 @@ def _reach_rows(model: _Model, hub: int, members: set[int], arcs: dict[int, dict
     gained one view unit each time on the demo).
     """
     r = {c: model.column() for c in members if c != hub}
+    count = 0
     for c in members:
         for d, nodes in arcs[c].items():
             if d not in members:
                 continue
-            picks = [(n, 1.0) for n in nodes]
+            count += 1
             if c == hub:
-                model.row(picks + [(r[d], 1.0)], -np.inf, 1.0)
+                model.row([(n, 1.0) for n in nodes] + [(r[d], 1.0)], -np.inf, 1.0)
             elif d == hub:
-                model.row([(r[c], 1.0)] + [(n, -1.0) for n, _ in picks], 0.0, np.inf)
+                model.row([(r[c], 1.0)] + [(n, -1.0) for n in nodes], 0.0, np.inf)
             else:
-                model.row([(r[c], 1.0), (r[d], -1.0)] + [(n, -1.0) for n, _ in picks], -1.0, np.inf)
+                model.row([(r[c], 1.0), (r[d], -1.0)] + [(n, -1.0) for n in nodes], -1.0, np.inf)
+    return count
 
 
 def _exit_cut(model: _Model, cg: CompactGraph, members: list[int] | tuple[int, ...]) -> None:
@@ -557,21 +559,19 @@ def _order_rows(model: _Model, cg: CompactGraph, members: list[int]) -> None:
     component and each 2-class cycle in it. Exact but weak: a cycle's arcs
     at 1 - 1/M pass.
     """
-    inside = set(members)
     m = float(len(members))
     t = {c: model.column(ub=m - 1) for c in members}
-    inner: set[tuple[int, int]] = set()
-    for c in members:
-        for n in cg.class_nodes[c]:
-            for ch in cg.node_children[n]:
-                if ch in inside and ch != c:
-                    inner.add((c, ch))
-                    model.row([(t[c], 1.0), (t[ch], -1.0), (n, -m)], 1.0 - m, np.inf)
+    arcs = _arcs(cg, members, {})
+    for c, out in arcs.items():
+        for ch, nodes in out.items():
+            for n in nodes:
+                model.row([(t[c], 1.0), (t[ch], -1.0), (n, -m)], 1.0 - m, np.inf)
     _exit_cut(model, cg, members)
     if len(members) > 2:
-        for c, d in inner:
-            if c < d and (d, c) in inner:
-                _exit_cut(model, cg, (c, d))
+        for c, out in arcs.items():
+            for d in out:
+                if c < d and c in arcs[d]:
+                    _exit_cut(model, cg, (c, d))
 
 
 def _build(cg: CompactGraph, need_rows: bool = True, conflict_rows: bool = True, max_reach_arcs: int = 20_000,
@@ -634,8 +634,7 @@ def _build(cg: CompactGraph, need_rows: bool = True, conflict_rows: bool = True,
             continue
         n_hubs += len(hubs)
         for hub, s in hubs:
-            budget -= sum(d in s for c in s for d in arcs[c])
-            _reach_rows(model, hub, s, arcs)
+            budget -= _reach_rows(model, hub, s, arcs)
         _exit_cut(model, cg, members)
     if stats is not None:
         stats.update(reach_hubs=n_hubs, order_components=n_ordered)
