@@ -21,10 +21,10 @@ from .extract.egraph import ENode, ExtractionGraph
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
 from .extract.group_search import GroupMove, improve_with_groups
-from .inductor_compat import split_attention_key_permutes
+from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
-from .saturate import EGraphSession, Limits
+from .saturate import EGraphSession, Limits, check_ruleset
 from .translate import translate
 
 log = logging.getLogger("optimus_eqsat")
@@ -105,6 +105,15 @@ class OptimizeOptions:
             get_profile(self.profile)
         except KeyError as exc:
             raise ValueError(str(exc)) from None
+        self.user_rulesets()  # a missing or broken rule file is the caller's mistake: an error naming it
+
+    def user_rulesets(self) -> list[rewrites.RuleSet]:
+        """The rule files, read and checked by egglog (``RuleFileError`` names a bad one)."""
+        shipped = rewrites.builtin_rulesets().values()
+        loaded = [rewrites.load_rule_file(path) for path in self.rule_files]
+        for ruleset in loaded:
+            check_ruleset(ruleset, shipped)
+        return loaded
 
     @property
     def limits(self) -> Limits:
@@ -207,6 +216,8 @@ def optimize_graph(
         with _gc_paused():
             result = _optimize(gm, example_inputs, opts, report)
     except Exception as exc:
+        if is_dynamo_signal(exc):
+            raise  # a control-flow signal of Dynamo's, not a failure
         if opts.raise_on_error:
             raise OptimizationError(f"optimus_eqsat failed: {exc}") from exc
         log.warning("optimus_eqsat: returning the original graph: %s: %s", type(exc).__name__, exc)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .api import optimize_graph
+from .api import OptimizeOptions, optimize_graph
+from .inductor_compat import first_line, is_dynamo_signal
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -27,6 +28,9 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     """
     use_inductor = options.pop("inductor", True)
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
+    # A caller's mistake (an unknown option, a missing or broken rule file) is an error
+    # here, when the backend is made, not later inside the user's compile.
+    OptimizeOptions.from_kwargs(**options)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         optimized = optimize_graph(gm, example_inputs, **options)
@@ -43,11 +47,13 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         try:
             return compile_fx(optimized, example_inputs)
         except Exception as exc:
+            if is_dynamo_signal(exc):
+                raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again
             # Inductor's own passes can trip on shapes they do not expect (seen: its
             # attention-fusion pattern on a folded q/k/v permute). Never fail the user's
             # compile for it: compile the graph Dynamo gave us instead.
-            log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s: %s); "
-                        "compiling the original", type(exc).__name__, str(exc).splitlines()[0][:200])
+            log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
+                        first_line(exc))
             report.fell_back, report.fallback_reason = True, f"Inductor: {type(exc).__name__}: {exc}"[:500]
             return compile_fx(gm, example_inputs)
 

@@ -19,7 +19,29 @@ import torch
 
 from .extract.fx_cost import SHAPE_META, TensorInfo, node_tensor_infos, target_name
 
-__all__ = ["split_attention_key_permutes"]
+__all__ = ["split_attention_key_permutes", "is_dynamo_signal", "first_line"]
+
+
+def is_dynamo_signal(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of Dynamo's control-flow signals rather than a failure.
+
+    Dynamo raises ``RestartAnalysis`` (and subclasses such as
+    ``TensorifyScalarRestartAnalysis``, seen from Inductor with ``dynamic=True``)
+    to re-trace a frame, and ``SkipFrame`` to run it eagerly. A backend that
+    catches them as errors breaks the user's compile; they must propagate.
+    """
+    try:
+        from torch._dynamo.exc import RestartAnalysis, SkipFrame
+    except ImportError:  # a torch without Dynamo raises none of them
+        return False
+    return isinstance(exc, (RestartAnalysis, SkipFrame))
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """``Type: first line of the message`` (the type alone for an empty message)."""
+    lines = str(exc).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text[:limit]
 
 _MATMULS = {"matmul", "bmm"}
 _SCALES = {"mul", "div", "truediv"}

@@ -22,7 +22,7 @@ from typing import Iterable
 
 import egglog.bindings as eb
 
-from .rewrites import RuleSet, shape_rules
+from .rewrites import RuleFileError, RuleSet, shape_rules
 
 # Facts are parsed in small batches: egglog's parse time grows faster than
 # linearly with program length (1,000 facts: 0.43 s; 100: 0.007 s), and one
@@ -82,6 +82,19 @@ class SaturationReport:
 def _parsed(program: str) -> tuple:
     """Parsed commands of a static program (language, rule sets), reused across e-graphs."""
     return tuple(eb.EGraph().parse_program(program))
+
+
+def check_ruleset(ruleset: RuleSet, builtin: Iterable[RuleSet] = ()) -> None:
+    """Load ``ruleset`` into a scratch e-graph beside the language and ``builtin`` families;
+    raise ``RuleFileError`` with its description (the file) and egglog's message when
+    egglog refuses it (syntax, unknown constructor, a ruleset name already taken)."""
+    scratch = eb.EGraph()
+    for program in [LANGUAGE, shape_rules().program, *(r.program for r in builtin)]:
+        scratch.run_program(*_parsed(program))
+    try:
+        scratch.run_program(*scratch.parse_program(ruleset.program))
+    except Exception as exc:  # egglog's EggSmolError: "In line:col-col: text\nwhat is wrong"
+        raise RuleFileError(f"{ruleset.description or ruleset.name}: egglog refused it: {exc}") from None
 
 
 class EGraphSession:

@@ -100,23 +100,63 @@ class _Recorder(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule):
         super().__init__(gm)
         self.seen: dict[torch.fx.Node, Any] = {}
+        self.current: torch.fx.Node | None = None
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = n
         out = super().run_node(n)
         if isinstance(out, torch.Tensor):
             self.seen[n] = torch.empty(0).new_empty(out.shape, dtype=out.dtype, device="meta")
         return out
 
 
+class ExampleInputError(ValueError):
+    """Example inputs that do not fit the graph (a caller's mistake)."""
+
+
+def _placeholder_meta(node: torch.fx.Node) -> Any:
+    value = _meta_value(node)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> None:
+    """Raise :class:`ExampleInputError` when ``example_inputs`` cannot be the graph's inputs:
+    a different count, or a tensor whose shape or dtype differs from the placeholder's meta
+    (symbolic sizes match anything)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(example_inputs) != len(placeholders):
+        raise ExampleInputError(f"{len(example_inputs)} example inputs for {len(placeholders)} placeholders "
+                                f"({', '.join(n.name for n in placeholders)})")
+    for k, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        meta = _placeholder_meta(node)
+        if meta is None or not isinstance(value, torch.Tensor):
+            continue
+        want, got = tuple(meta.shape), tuple(value.shape)
+        fits = len(want) == len(got) and all(not isinstance(w, int) or w == g for w, g in zip(want, got))
+        if not fits or meta.dtype != value.dtype:
+            raise ExampleInputError(
+                f"example input {k} ({node.name!r}) is {tuple(got)} {value.dtype}; the graph expects "
+                f"{tuple(int(w) if isinstance(w, int) else str(w) for w in want)} {meta.dtype}")
+
+
 def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dict[torch.fx.Node, Any]:
-    """Meta tensors per node from one run on example inputs (empty if the run fails)."""
+    """Meta tensors per node from one run on example inputs.
+
+    Raises :class:`ExampleInputError` naming the node where the run failed: inputs that
+    do not run through the graph are a caller's mistake, not a graph to optimize blind."""
     recorder = _Recorder(gm)
     try:
         with torch.no_grad():
             recorder.run(*example_inputs)
-    except Exception as exc:  # a graph that cannot run here still optimizes, without shapes
-        log.info("optimus_eqsat: could not run example inputs for shapes: %s", exc)
+    except Exception as exc:
+        failed = recorder.current.name if recorder.current is not None else "?"
+        raise ExampleInputError(f"the example inputs ({', '.join(_describe(v) for v in example_inputs)}) "
+                                f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}") from exc
     return recorder.seen
+
+
+def _describe(value: Any) -> str:
+    return f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 # ---------------------------------------------------------------- mutation analysis
@@ -193,8 +233,10 @@ class Translator:
         self.split_pieces: dict[int, list[str]] = {}
         self.node: torch.fx.Node | None = None
         recorded = {}
-        if example_inputs is not None and any(_meta_value(n) is None for n in self.nodes if n.op != "output"):
-            recorded = record_shapes(gm, example_inputs)
+        if example_inputs is not None:
+            check_example_inputs(gm, example_inputs)
+            if any(_meta_value(n) is None for n in self.nodes if n.op != "output"):
+                recorded = record_shapes(gm, example_inputs)
         for i, n in enumerate(self.nodes):
             value = _meta_value(n)
             if value is None or _value_shape(value) is None:

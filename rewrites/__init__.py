@@ -84,8 +84,14 @@ class RuleFileError(ValueError):
 
 
 def load_rule_file(path: str | Path) -> RuleSet:
-    """Read a user rule file; it must declare exactly one ``(ruleset NAME)``."""
-    text = Path(path).read_text()
+    """Read a user rule file; it must declare exactly one ``(ruleset NAME)``.
+
+    Raises :class:`RuleFileError` naming the file when it is missing or unreadable
+    (whether its egglog is valid is checked by ``saturate.check_ruleset``)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise RuleFileError(f"{path}: cannot read the rule file: {exc.strerror or exc}") from None
     names = re.findall(r"\(ruleset\s+([^\s()]+)\s*\)", text)
     if len(names) != 1:
         raise RuleFileError(f"{path}: a rule file declares exactly one (ruleset NAME); found {names or 'none'}")

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from benchmarks.synthetic import split_cat_chain
 from optimus_eqsat import OptimizationError, optimize_graph
+from optimus_eqsat.rewrites import RuleFileError
 from tests.helpers import assert_same_numerics, op_counts
 
 
@@ -90,18 +91,22 @@ def test_nothing_to_optimize_is_unchanged():
     assert op_counts(optimized) == op_counts(gm)
 
 
-def test_garbage_collector_state_is_restored(tmp_path):
+def _raise_runtime_error(*args, **kwargs):
+    raise RuntimeError("a failure inside the optimizer")
+
+
+def test_garbage_collector_state_is_restored(monkeypatch):
     # optimize_graph pauses the cyclic collector while it runs (api._gc_paused)
     gm = torch.fx.symbolic_trace(Model())
     x = (torch.randn(5, 12),)
     assert gc.isenabled()
     optimize_graph(gm, x)
     assert gc.isenabled()
-    rules = tmp_path / "broken.egg"
-    rules.write_text("(ruleset mine)\n(rewrite (Slice x) :ruleset mine)\n")
+    monkeypatch.setattr("optimus_eqsat.api.translate", _raise_runtime_error)
     with pytest.raises(OptimizationError):  # fails inside the paused region
-        optimize_graph(gm, x, rule_files=[str(rules)], raise_on_error=True)
+        optimize_graph(gm, x, raise_on_error=True)
     assert gc.isenabled()
+    monkeypatch.undo()
     gc.disable()
     try:
         optimize_graph(gm, x)
@@ -117,18 +122,54 @@ def test_input_is_not_mutated_and_result_is_new():
     assert optimized is not gm and gm.code == code
 
 
-def test_bad_rule_file_falls_back_with_a_warning(tmp_path, caplog):
-    rules = tmp_path / "broken.egg"
-    rules.write_text("(ruleset mine)\n(rewrite (Slice x) :ruleset mine)\n")
+def test_failure_inside_the_optimizer_falls_back_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr("optimus_eqsat.api.translate", _raise_runtime_error)
     gm = torch.fx.symbolic_trace(Model())
     with caplog.at_level(logging.WARNING, logger="optimus_eqsat"):
-        optimized = optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(rules)])
+        optimized = optimize_graph(gm, (torch.randn(5, 12),))
     report = optimized.meta["optimus_eqsat"]
-    assert report.fell_back and report.fallback_reason
+    assert report.fell_back and "a failure inside the optimizer" in report.fallback_reason
     assert "returning the original graph" in caplog.text
     assert op_counts(optimized) == op_counts(gm)
     with pytest.raises(OptimizationError):
-        optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(rules)], raise_on_error=True)
+        optimize_graph(gm, (torch.randn(5, 12),), raise_on_error=True)
+
+
+@pytest.mark.parametrize("raise_on_error", [False, True])
+def test_broken_rule_file_is_an_error_naming_the_file(tmp_path, raise_on_error):
+    rules = tmp_path / "broken.egg"
+    rules.write_text("(ruleset mine)\n(rewrite (Slice x) :ruleset mine)\n")
+    gm = torch.fx.symbolic_trace(Model())
+    with pytest.raises(RuleFileError, match=r"broken\.egg.*\n?.*option key must start"):
+        optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(rules)], raise_on_error=raise_on_error)
+    unknown = tmp_path / "unknown.egg"
+    unknown.write_text('(ruleset mine)\n(rewrite (Unary "relu" x) (NoSuchOp x) :ruleset mine)\n')
+    with pytest.raises(RuleFileError, match=r"unknown\.egg.*\n.*NoSuchOp"):
+        optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(unknown)], raise_on_error=raise_on_error)
+
+
+def test_missing_rule_file_is_an_error_naming_the_file(tmp_path):
+    gm = torch.fx.symbolic_trace(Model())
+    missing = tmp_path / "nowhere.egg"
+    with pytest.raises(RuleFileError, match=r"nowhere\.egg: cannot read"):
+        optimize_graph(gm, (torch.randn(5, 12),), rule_files=[str(missing)])
+    from optimus_eqsat.backend import make_backend
+
+    with pytest.raises(RuleFileError, match="nowhere"):  # when the backend is made, not inside a compile
+        make_backend(rule_files=[str(missing)])
+
+
+def test_example_inputs_that_do_not_fit_the_graph_are_named():
+    gm = torch.export.export(nn.Linear(4, 3), (torch.randn(2, 4),)).module()
+    with pytest.raises(OptimizationError, match=r"example input 0 .* \(2, 5\) .*expects \(2, 4\)"):
+        optimize_graph(gm, (torch.randn(2, 5),), raise_on_error=True)
+    with pytest.raises(OptimizationError, match="1 example inputs for 2 placeholders|2 example inputs for 1"):
+        optimize_graph(gm, (torch.randn(2, 4), torch.randn(2, 4)), raise_on_error=True)
+    fallback = optimize_graph(gm, (torch.randn(2, 5),))
+    assert fallback.meta["optimus_eqsat"].fell_back
+    traced = torch.fx.symbolic_trace(Model())  # no meta: the example run names where it failed
+    with pytest.raises(OptimizationError, match=r"do not run through the graph: at 'proj'"):
+        optimize_graph(traced, (torch.randn(5, 9),), raise_on_error=True)
 
 
 def test_user_rule_file_is_used(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -61,3 +62,51 @@ def test_inductor_failure_on_the_optimized_graph_falls_back_to_the_original(monk
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     assert len(calls) == 2 and "compiling the original" in caplog.text
     assert backend.reports[-1].fell_back
+
+
+def test_dynamo_restart_signals_pass_through_the_backend(monkeypatch):
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    import torch._inductor.compile_fx as cfx
+
+    def restarting_compile_fx(gm, example_inputs):
+        raise TensorifyScalarRestartAnalysis()  # empty message, as Inductor raises it
+
+    monkeypatch.setattr(cfx, "compile_fx", restarting_compile_fx)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    gm = torch.fx.symbolic_trace(model)
+    backend = make_backend()
+    with pytest.raises(TensorifyScalarRestartAnalysis):
+        backend(gm, [torch.randn(4, 8)])
+
+
+def test_fallback_message_of_an_empty_exception_does_not_crash(monkeypatch, caplog):
+    import torch._inductor.compile_fx as cfx
+
+    calls = []
+
+    def failing_once(gm, example_inputs):
+        calls.append(gm)
+        if len(calls) == 1:
+            raise RuntimeError()  # no message at all
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", failing_once)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    gm = torch.fx.symbolic_trace(model)
+    with caplog.at_level("WARNING", logger="optimus_eqsat"):
+        compiled = make_backend()(gm, [torch.randn(4, 8)])
+    assert "RuntimeError" in caplog.text and len(calls) == 2
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_dynamic_true_compile_of_a_tower_model_matches_eager():
+    # Inductor raises TensorifyScalarRestartAnalysis on this graph under dynamic=True
+    from tests.models import SplitTowers
+
+    model = SplitTowers(towers=6, width=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="optimus_eqsat", dynamic=True)
+    for batch in (16, 7):
+        x = torch.randn(batch, 48)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
