@@ -1,7 +1,8 @@
 """GPU kernel cost model: device profiles, kernel kinds and a roofline time.
 
 This module is a small pure table with no torch dependency; the code that maps
-an FX graph onto kernels lives in :mod:`optimus_eqsat.extract.fx_cost`.
+an FX graph onto kernels lives in :mod:`optimus_eqsat.extract.fx_cost` (and
+the modules it names).
 
 A kernel costs::
 

@@ -26,7 +26,7 @@ import math
 from typing import Callable, Collection
 
 from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_time
-from .fx_cost import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
+from .fusion_triton import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
 
 VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
 FUSED_LAUNCH_SHARE = 0.25

@@ -291,7 +291,8 @@ def test_stack_gate_against_inductor():
 
 # ------------------------------------------ triton flavour, from GPU dumps
 # Evidence: benchmarks/results/gpu/code/ (Inductor's CUDA output code, torch 2.11,
-# H200); the rule numbers are those of the fx_cost module docstring.
+# H200); the rule numbers are those of extract/fusion.py and its strategies
+# (rules 8-11: extract/fusion_triton.py).
 
 def _gpu(fn, *inputs):
     (gm,) = capture_dynamo_graphs(fn, inputs)

@@ -1,0 +1,232 @@
+"""Pricing: what each predicted kernel costs (bytes, FLOPs, seconds).
+
+The fusion simulator (fusion.py and its code generator strategies) decides
+which kernels exist: a :class:`KernelPlan` per launch, with its FX nodes, kind,
+role and note. :class:`Pricing` turns each plan into :class:`PredictedKernel`
+records priced on the device profile's roofline
+(:func:`~optimus_eqsat.extract.cost_model.kernel_time`):
+
+- a fused kernel reads its inputs from outside the group (as used: a slice
+  counts its size) and the parameters of its modules, and writes the values
+  read outside it;
+- an extern call reads all its inputs and parameters and writes its output;
+  FLOPs of a matmul are ``2 * out_numel * K``;
+- a ConcatKernel's copy kernels share the cat's bytes evenly; a layer norm's
+  statistics kernel (rule 8) reads the norm's input once.
+
+Host-side costs (per launch, per extern call, per allocation) are, today, only
+the profile's launch overhead inside ``kernel_time``; a step-time model would
+price them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from optimus_eqsat.extract.cost_model import DeviceProfile, KernelKind, kernel_time
+from optimus_eqsat.fxvocab import GROUPED_OPS, TensorInfo, op_label, target_name
+
+from .classify import Infos, arg_nodes
+
+__all__ = ["FLOPS_PER_ELEMENT", "KernelPlan", "PredictedKernel", "Pricing"]
+
+K = KernelKind
+
+# Rough FLOPs per output element (per input element for reductions); default 1.
+FLOPS_PER_ELEMENT: dict[str, float] = {
+    "gelu": 8, "silu": 4, "sigmoid": 4, "tanh": 4, "exp": 2, "erf": 6, "mish": 8,
+    "softmax": 5, "_softmax": 5, "log_softmax": 6, "_log_softmax": 6,
+    "layer_norm": 8, "native_layer_norm": 8, "group_norm": 8, "rms_norm": 5,
+    "batch_norm": 4, "var": 3, "var_mean": 3, "std": 3,
+}
+
+# KernelPlan roles: how a planned launch is priced.
+FUSED = "fused"  # generated code of a group of nodes
+EXTERN = "extern"  # one extern (library) call of one node; a grouped linear may be several
+CAT_COPY = "cat_copy"  # one of a ConcatKernel's ``share`` copy kernels
+NORM_STATS = "norm_stats"  # the statistics kernel of an unrolled layer norm
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One launch the fusion simulator decided on, not priced yet."""
+
+    kind: KernelKind
+    nodes: tuple[fx.Node, ...]
+    note: str
+    role: str = FUSED
+    share: int = 1  # CAT_COPY: how many copy kernels split the cat's bytes
+
+
+@dataclass(frozen=True)
+class PredictedKernel:
+    """One predicted launch: its kind, the FX nodes in it, bytes, FLOPs, time.
+
+    ``kind`` of a fused kernel is REDUCTION if it holds one, else POINTWISE
+    (CAT / GATHER when it holds only those). ``note`` says e.g. "addmm (bias
+    fused)" or which op names were fused.
+    """
+
+    kind: KernelKind
+    nodes: tuple[fx.Node, ...]
+    bytes_moved: int
+    flops: float
+    seconds: float
+    note: str = ""
+
+
+def _nbytes(infos: list[TensorInfo] | None) -> int:
+    return sum(i.nbytes for i in infos or [])
+
+
+def _numel(infos: list[TensorInfo] | None) -> int:
+    return sum(i.numel or 0 for i in infos or [])
+
+
+class Pricing:
+    """Bytes, FLOPs and seconds of the planned kernels of one graph.
+
+    ``base`` maps each node to the buffer it reads (views resolved, from the
+    fusion simulator); ``grouped_per_member``: the code generator runs a grouped
+    linear as one F.linear per member (the CPU fallback) instead of one launch.
+    """
+
+    def __init__(self, gm: fx.GraphModule, kinds: dict[fx.Node, KernelKind], infos: Infos,
+                 base: dict[fx.Node, fx.Node], profile: DeviceProfile, grouped_per_member: bool = False):
+        self.gm, self.kinds, self.infos, self.base = gm, kinds, infos, base
+        self.profile, self.grouped_per_member = profile, grouped_per_member
+
+    def price(self, plan: KernelPlan) -> list[PredictedKernel]:
+        """The kernels ``plan`` launches, priced (one, except a grouped linear's members)."""
+        if plan.role == EXTERN:
+            return self.grouped_linear(plan.nodes[0]) or [self._priced(plan, self.extern_bytes(plan.nodes[0]),
+                                                                        self.node_flops(plan.nodes[0]))]
+        if plan.role == CAT_COPY:
+            return [self._priced(plan, self.group_bytes(plan.nodes) // plan.share, 0.0)]
+        if plan.role == NORM_STATS:
+            args = arg_nodes(plan.nodes[0])
+            return [self._priced(plan, _nbytes(self.infos.get(args[0])) if args else 0, 0.0)]
+        return [self._priced(plan, self.group_bytes(plan.nodes), sum(self.node_flops(m) for m in plan.nodes))]
+
+    def _priced(self, plan: KernelPlan, nbytes: int, flops: float) -> PredictedKernel:
+        return PredictedKernel(plan.kind, plan.nodes, nbytes, flops,
+                               kernel_time(self.profile, plan.kind, nbytes, flops), plan.note)
+
+    # -- FLOPs -------------------------------------------------------------------
+    def node_flops(self, node: fx.Node) -> float:
+        kind = self.kinds[node]
+        label = op_label(self.gm, node)
+        if kind is K.MATMUL:
+            return self._matmul_flops(node)
+        if kind is K.REDUCTION:
+            ins = max((_numel(self.infos.get(i)) for i in arg_nodes(node)), default=0)
+            return FLOPS_PER_ELEMENT.get(label.lower(), 1) * ins
+        if kind in (K.POINTWISE, K.GATHER):
+            return FLOPS_PER_ELEMENT.get(label.lower(), 1) * _numel(self.infos.get(node))
+        return 0.0
+
+    def _matmul_flops(self, node: fx.Node) -> float:
+        """2 * out_numel * K; K = reduction size (conv: Cin/groups * kernel)."""
+        out = _numel(self.infos.get(node)[:1] if self.infos.get(node) else None)
+        weight_shape = None
+        if node.op == "call_module":
+            module = self.gm.get_submodule(node.target)
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.dim() > 2:
+                weight_shape = tuple(weight.shape)
+        name = op_label(self.gm, node)
+        tensors = [i for i in arg_nodes(node) if self.infos.get(i)]
+        if weight_shape is None and "conv" in name and len(tensors) > 1:
+            weight_shape = self.infos[tensors[1]][0].shape
+        if weight_shape is not None and all(d is not None for d in weight_shape):
+            k = 1
+            for d in weight_shape[1:]:
+                k *= d
+            return 2.0 * out * k
+        # addmm/baddbmm/addmv/addbmm: the first tensor is the bias.
+        lhs_index = 1 if name.startswith("add") or name == "baddbmm" else 0
+        if len(tensors) <= lhs_index:
+            return 0.0
+        shape = self.infos[tensors[lhs_index]][0].shape
+        k = shape[-1] if shape and shape[-1] is not None else 0
+        return 2.0 * out * k
+
+    # -- bytes ---------------------------------------------------------------------
+    def extern_bytes(self, node: fx.Node) -> int:
+        own = _nbytes(self.infos.get(node))
+        return sum(_nbytes(self.infos.get(i)) for i in arg_nodes(node)) + own + self.param_bytes(node)
+
+    def param_bytes(self, node: fx.Node) -> int:
+        """Bytes of a call_module node's own parameters (read by its kernel).
+
+        A gather reads only the rows it returns, so it is capped at its output.
+        """
+        if node.op != "call_module":
+            return 0
+        module = self.gm.get_submodule(node.target)
+        total = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+        if self.kinds[node] is K.GATHER:
+            total = min(total, _nbytes(self.infos.get(node)))
+        return total
+
+    def group_bytes(self, members: Sequence[fx.Node]) -> int:
+        """External reads (as used, so slices count their size) + escaping writes."""
+        inside = set(members)
+        reads: dict[fx.Node, int] = {}
+        for m in members:
+            for inp in arg_nodes(m):
+                if self.base[inp] not in inside:
+                    reads[inp] = _nbytes(self.infos.get(inp))
+        writes = sum(self.param_bytes(m) for m in members)
+        for m in members:
+            if any(self._escapes(m, u, inside) for u in m.users):
+                writes += _nbytes(self.infos.get(m))
+        return sum(reads.values()) + writes
+
+    def _escapes(self, node: fx.Node, user: fx.Node, inside: set[fx.Node]) -> bool:
+        if user.op == "output":
+            return True
+        if self.kinds[user] is K.VIEW:
+            return any(self._escapes(user, u, inside) for u in user.users)
+        return user not in inside
+
+    # -- grouped linear --------------------------------------------------------------
+    def grouped_linear(self, node: fx.Node) -> list[PredictedKernel]:
+        """Kernels of a grouped linear call ``(xs, ws, bs)``; [] for any other node
+        and when shapes are unknown (then priced as one plain extern call).
+
+        Triton: one launch (the grouped GEMM), plus the call's host time
+        (``profile.grouped_host_s`` and ``grouped_host_s_per_member``). The CPU
+        fallback (``grouped_per_member``) runs one F.linear per member inside one
+        more op dispatch: a matmul kernel per member.
+        """
+        if node.op != "call_function" or target_name(node.target) not in GROUPED_OPS or len(node.args) < 2:
+            return []
+        prof = self.profile
+        xs, ws = node.args[0], node.args[1]
+        bs = node.args[2] if len(node.args) > 2 and node.args[2] is not None else [None] * len(xs)
+        members = []
+        for x, w, b in zip(xs, ws, bs):
+            xi = (self.infos.get(x) or [None])[0] if isinstance(x, fx.Node) else None
+            wi = (self.infos.get(w) or [None])[0] if isinstance(w, fx.Node) else None
+            if xi is None or wi is None or xi.numel is None or len(wi.shape) != 2 or None in wi.shape:
+                return []
+            n_out, k = wi.shape
+            out = (xi.numel // k if k else 0) * n_out
+            bias = _nbytes(self.infos.get(b)) if isinstance(b, fx.Node) else 0
+            members.append((xi.nbytes + wi.nbytes + bias + out * xi.itemsize, 2.0 * out * k))
+        if self.grouped_per_member:
+            return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops,
+                                    kernel_time(prof, K.MATMUL, nbytes, flops) + (prof.launch_s(K.MATMUL) if i == 0 else 0),
+                                    f"grouped_linear member {i} (F.linear fallback)")
+                    for i, (nbytes, flops) in enumerate(members)]
+        nbytes = sum(m[0] for m in members)
+        flops = sum(m[1] for m in members)
+        seconds = prof.launch_s(K.MATMUL) + prof.grouped_host_s + prof.grouped_host_s_per_member * len(members) + sum(
+            kernel_time(prof, K.MATMUL, m[0], m[1]) - prof.launch_s(K.MATMUL) for m in members)
+        return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops, seconds,
+                                f"grouped_linear ({len(members)} linears, one launch)")]
