@@ -35,7 +35,7 @@ __all__ = ["Infos", "classify_node", "graph_infos", "has_bias", "node_kinds"]
 log = logging.getLogger(__name__)
 K = KernelKind
 
-Infos = dict[fx.Node, "list[TensorInfo] | None"]
+Infos = dict[fx.Node, list[TensorInfo] | None]
 # (form, M, K, N) -> whether Inductor decomposes the matmul (rule 6), per code generator
 DecomposedMM = Mapping[str, Callable[[int, int, int], bool]]
 
