@@ -1,0 +1,259 @@
+"""Lists of tensors that are views: runs of group members and of evenly spaced slices.
+
+Batching stacks operands and concatenates results. A list item by item costs a
+copy per item (Inductor's ConcatKernel) and, in the e-graph, a list walk per
+cell; but two kinds of runs in such lists are views of one tensor:
+
+* *member runs*: members of batched groups at consecutive positions, or
+  interleaved from p groups with one member shape (features whose widths
+  cycle through p shape classes land in p groups, and their outputs are
+  concatenated in feature order)::
+
+      [G[k], G[k+1], ..., G[k+L-1]]                     == G[k:k+L]
+      [A[i], B[j], C[l], A[i+1], B[j+1], C[l+1], ...]   == stack([A[i:], B[j:], C[l:]], 1).flatten(0, 1)
+
+  (the second is a cat of p inputs, which Inductor fuses into its reader);
+* *strided runs*: slices of one source along one dim with equal widths w at
+  offsets a, a+P, a+2P, ... (P >= w): ``x.narrow(d, a, L*P)`` unflattened to
+  (L, P) at d, sliced to w, with the L dim moved to the front.
+
+:func:`stack_terms` builds ``torch.stack(items)`` from such runs (batching's
+operand stacks); :func:`cat_alternatives` gives every concatenation of the
+graph (nested cats on one dim flattened) an alternative built from its runs,
+so a cat of all members of a batched group is a view of the batched term and
+not one copy per member. Both are found in one pass over the list, linear in
+its length; the e-graph then only sees a few terms per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Hashable
+
+from ...term import Cat, Fact, Id, Permute, Reshape, Slice, Term, Union, cons_list
+from ...translate import Translation
+
+Slot = tuple[Hashable, int]  # (batched term, position of the member in it)
+# Writes a run's stack term: given where to emit list-naming facts and fresh list ids.
+StackBuilder = Callable[[Callable[[Fact], None], Callable[[], int]], Term]
+
+
+def _slice_of_node(term: object) -> Slice | None:
+    """``term`` when it is a slice of a whole FX value (``Slice(Id i, ...)``)."""
+    return term if isinstance(term, Slice) and isinstance(term.x, Id) else None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One list member: its term, its shape, and what it is a view of."""
+
+    term: Term
+    shape: tuple[int, ...] | None
+    slot: Slot | None = None  # a member of a batched group
+    piece: tuple[int, int, int, int] | None = None  # (source id, dim, start, end): a slice of a node
+
+
+def _piece(t: Translation, source: int, dim: int, start: int, end: int) -> tuple[int, int, int, int]:
+    """Compose slices of slices on one dim down to the first source that is not one."""
+    while (s := _slice_of_node(t.terms.get(source))) is not None and s.dim == dim:
+        source, start, end = s.x.i, start + s.start, end + s.start
+    return source, dim, start, end
+
+
+def make_item(t: Translation, term: Term, slot_of: dict[int, Slot], shape: tuple[int, ...] | None = None) -> Item:
+    """Read ``term`` (an ``Id``, a slice of one, either reshaped to a non-empty shape) as an
+    :class:`Item`. ``shape`` overrides the item's own (a stack pads operands on the left)."""
+    inner, own = term, None
+    if isinstance(term, Reshape) and term.shape:
+        inner, own = term.x, term.shape
+    slot = piece = None
+    if isinstance(inner, Id):
+        i = inner.i
+        own = own or t.shapes.get(i)
+        slot = slot_of.get(i)
+        if (s := _slice_of_node(t.terms.get(i))) is not None:
+            piece = _piece(t, s.x.i, s.dim, s.start, s.end)
+    elif (s := _slice_of_node(inner)) is not None:
+        src, dim, start, end = s.x.i, s.dim, s.start, s.end
+        if own is None and src in t.shapes:
+            own = t.shapes[src][:dim] + (end - start,) + t.shapes[src][dim + 1 :]
+        piece = _piece(t, src, dim, start, end)
+    return Item(term, shape or own, slot, piece)
+
+
+def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
+    """Length and cycle (first slot of each group) of the member run starting at ``j``."""
+    first = items[j]
+    cycle = [first.slot]
+    q = j + 1
+    while q < len(items) and items[q].slot is not None and items[q].slot[0] not in {s[0] for s in cycle}:
+        cycle.append(items[q].slot)
+        q += 1
+    p, length = len(cycle), 0
+    for r in range(len(items) - j):
+        it, (term, k) = items[j + r], cycle[r % p]
+        if it.slot != (term, k + r // p) or it.shape != first.shape:
+            break
+        length = r + 1
+    if p > 1:
+        length -= length % p
+        if length < 2 * p:
+            return 0, cycle
+    return length, cycle
+
+
+def _strided_run(t: Translation, items: list[Item], j: int) -> tuple[int, int]:
+    """Length and stride of the evenly spaced slices of one source starting at ``j``."""
+    src, dim, a0, b0 = items[j].piece
+    width = b0 - a0
+    if j + 1 >= len(items) or items[j + 1].piece is None or src not in t.shapes:
+        return 0, 0
+    s1, d1, a1, b1 = items[j + 1].piece
+    stride = a1 - a0
+    if (s1, d1, b1 - a1) != (src, dim, width) or stride < width or width <= 0:
+        return 0, 0
+    length = 1
+    while j + length < len(items):
+        it = items[j + length]
+        if it.piece != (src, dim, a0 + length * stride, a0 + length * stride + width) or it.shape != items[j].shape:
+            break
+        length += 1
+    while length >= 2 and a0 + length * stride > t.shapes[src][dim]:
+        length -= 1  # the last piece may end the source: its stride runs past it
+    return (length, stride) if length >= 2 else (0, 0)
+
+
+@dataclass(frozen=True)
+class Run:
+    """items[start:stop], all of one shape; ``build`` makes their stack (a view where it can)."""
+
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+    build: StackBuilder | None  # None: a single item
+    contiguous_piece: int | None = None  # dim of a run of adjacent slices (cat rules already merge those)
+    members: bool = False  # a member run: its items may also be computed one by one
+
+
+def find_runs(t: Translation, items: list[Item]) -> list[Run]:
+    """Split ``items`` into member runs, strided runs and single items, in one pass."""
+    runs, j = [], 0
+    while j < len(items):
+        it = items[j]
+        run = None
+        if it.shape is not None and it.slot is not None:
+            length, cycle = _member_run(items, j)
+            if length >= 2:
+                run = Run(j, j + length, it.shape, _member_stack(cycle, length, it.shape), members=True)
+        if run is None and it.shape is not None and it.piece is not None:
+            length, stride = _strided_run(t, items, j)
+            if length >= 2:
+                src, dim, a0, b0 = it.piece
+                run = Run(j, j + length, it.shape, _strided_stack(t.shapes[src], it.piece, stride, length, it.shape),
+                          dim if stride == b0 - a0 else None)
+        runs.append(run or Run(j, j + 1, it.shape, None))
+        j = runs[-1].stop
+    return runs
+
+
+def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]) -> StackBuilder:
+    p = len(cycle)
+
+    def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
+        if p == 1:
+            term, k = cycle[0]
+            return Reshape(Slice(term, 0, k, k + length), (length,) + shape)
+        full = length // p
+        parts: list[Term] = [Reshape(Slice(term, 0, k, k + full), (full, 1) + shape) for term, k in cycle]
+        return Reshape(Cat(cons_list(parts, 1, emit, new_list_id, [1] * p)), (length,) + shape)
+
+    return build
+
+
+def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int], stride: int, length: int,
+                   shape: tuple[int, ...]) -> StackBuilder:
+    src, dim, a0, b0 = piece
+
+    def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
+        window = Slice(Id(src), dim, a0, a0 + length * stride)
+        rows = Reshape(window, src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])
+        perm = (dim,) + tuple(range(dim)) + tuple(range(dim + 1, len(src_shape) + 1))
+        picked = Permute(Slice(rows, dim + 1, 0, b0 - a0), perm)
+        return Reshape(picked, (length,) + shape)
+
+    return build
+
+
+def stack_terms(t: Translation, items: list[Item], emit: Callable[[Fact], None]) -> list[Term]:
+    """Equal terms for ``torch.stack(items)`` (all of one shape): a view per run and a
+    unit-dim reshape per other item; and, when a run holds group members, the plain
+    stack of the items too, so the extractor may still compute those one by one
+    (their group need not be batched for this stack to be)."""
+    runs = find_runs(t, items)
+
+    def single(item: Item, shape: tuple[int, ...]) -> Term:
+        return Reshape(item.term, (1,) + shape)
+
+    parts = [r.build(emit, t.new_list_id) if r.build else single(items[r.start], r.shape) for r in runs]
+    sizes = [r.stop - r.start for r in runs]
+    terms = [parts[0] if len(parts) == 1 else Cat(cons_list(parts, 0, emit, t.new_list_id, sizes))]
+    if any(r.members for r in runs):
+        plain = [single(it, runs[0].shape) for it in items]
+        terms.append(Cat(cons_list(plain, 0, emit, t.new_list_id, [1] * len(plain))))
+    return terms
+
+
+def _flat_items(t: Translation, cat: int, dim: int) -> list[Term]:
+    """The cat's items, nested cats on the same dim expanded in place (iteratively: an
+    accumulation chain of cats can be deeper than Python's recursion limit)."""
+    out: list[Term] = []
+    pending = list(reversed(t.cats[cat][0]))
+    while pending:
+        term = pending.pop()
+        inner = term.i if isinstance(term, Id) else None
+        if inner is not None and inner in t.cats and t.cats[inner][1] == dim and t.status.get(inner) == "term":
+            pending.extend(reversed(t.cats[inner][0]))
+        else:
+            out.append(term)
+    return out
+
+
+def _only_inside_a_cat(t: Translation, cat: int, dim: int) -> bool:
+    users = list(t.nodes[cat].users)
+    if len(users) != 1:
+        return False
+    outer = t.index.get(users[0])
+    return (outer in t.cats and t.cats[outer][1] == dim and t.status.get(outer) == "term"
+            and Id(cat) in t.cats[outer][0])  # flattened into it by _flat_items
+
+
+def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[Fact], None]) -> int:
+    """Union every cat having a member or strided run with the cat of its runs' views.
+
+    Runs of adjacent slices along the cat's own dim are left to the cat-run rules.
+    Returns how many cats gained an alternative.
+    """
+    added = 0
+    for cat, (_, dim) in t.cats.items():
+        if t.status.get(cat) != "term" or _only_inside_a_cat(t, cat, dim):
+            continue  # an inner cat is covered by its outer one (and a chain of n is not flattened n times)
+        items = [make_item(t, term, slot_of) for term in _flat_items(t, cat, dim)]
+        runs = find_runs(t, items)
+        if all(r.build is None or r.contiguous_piece == dim for r in runs):
+            continue
+        parts: list[Term] = []
+        sizes: list[int | None] = []
+        for r in runs:
+            length, s = r.stop - r.start, r.shape
+            sizes.append(length * s[dim] if s is not None else None)
+            if r.build is None:
+                parts.append(items[r.start].term)
+                continue
+            perm = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, len(s) + 1))
+            merged = s[:dim] + (length * s[dim],) + s[dim + 1 :]
+            parts.append(Reshape(Permute(r.build(emit, t.new_list_id), perm), merged))
+        known = None if None in sizes else sizes
+        whole = parts[0] if len(parts) == 1 else Cat(cons_list(parts, dim, emit, t.new_list_id, known))
+        emit(Union(Id(cat), whole))
+        added += 1
+    return added
