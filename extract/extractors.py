@@ -29,7 +29,7 @@ class Extractor(Protocol):
 class AutoExtractor:
     """Greedy always; then the ILP if the pruned graph has <= ``max_ilp_nodes``.
 
-    45,000 e-nodes solved in ~3 s on these machines (DESIGN.md), so the default
+    45,000 e-nodes solved in ~3 s on these machines (docs/ilp.md), so the default
     size cut-off keeps the ILP within its ``time_limit`` on typical graphs.
     The ILP gets at most ``max_ilp_seconds`` (default 8) of that limit, and
     gives up after ``give_up_after_s`` (default 1.5) while its gap is above 0.3
