@@ -15,7 +15,8 @@ below HiGHS's absolute tolerances, which made it stop at non-optimal points
 and report them optimal.
 
 Why the model and the solver settings are what they are, what was tried and
-measured, and how to check a change: docs/ilp.md.
+measured, and how to check a change: docs/ilp.md. The underscore names of
+extract/ilp*.py are private to these four modules together, not to one file.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 ``need(d)`` (:func:`_needs`) is the set of classes every acyclic term of class
 ``d`` contains: the greatest fixpoint of
 ``need(d) = {d} | AND_nodes OR_children need(child)``, with Python ints as
-bitsets and None for a class with no acyclic term. It is a strict partial
-order on classes (:func:`_need_pairs` gives its Hasse pairs).
+bitsets and None for a class with no acyclic term. Less the class itself, it
+is a strict partial order on the classes with terms (:func:`_need_pairs`
+gives its Hasse pairs).
 
 ``below(n)`` (:func:`_node_needs`), for a node n of class c with a child in
 its own cyclic component, is the need of n's children computed with c banned:
@@ -12,8 +13,7 @@ every acyclic program picking n holds those classes under c.
 
 extract/ilp_reduce.py drops the nodes these sets prove cyclic;
 extract/ilp_model.py turns them into need rows, cycle conflicts and lifted
-reach arcs. Why, and what they bought: docs/ilp.md. The underscore names are
-private to the ILP extractor's modules (extract/ilp*.py), not to this file.
+reach arcs. Why, and what they bought: docs/ilp.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ tests can assert coverage (``GeneratedGraph.families``).
 Modules: ``builder`` (the graph under construction and its concrete values),
 ``views``, ``compute``, ``tangles``, ``effects`` (the builders, by kind of
 fragment), ``families`` (the builder table and the tags to cover), ``driver``
-(assembling a program: ``random_graph``, ``random_module``).
+(assembling a program: ``random_graph``, ``random_module``). Underscore names
+are private to the package, shared between its modules.
 
 Numerical care (so the differential test is not flaky):
   * operands of ``exp`` are bounded, divisions are by ``abs(y) + 1``,
