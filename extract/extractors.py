@@ -36,7 +36,7 @@ class AutoExtractor:
     (``IlpExtractor``; the check runs at HiGHS's MIP interrupts, which can be
     seconds apart: 1.5 s makes the demo stop at 1.7 s where 2 s let it run to
     3.7 s). ple is proven in 1.9-3.9 s. dynamic_schema, which the ILP alone
-    proves in 5.2-5.6 s since the reach rows (ilp.py), is given up at about
+    proves in 5.2-5.6 s since the reach rows (docs/ilp.md), is given up at about
     2 s with a gap of 0.31: its optimum is the greedy program, so auto
     returns the same program, unproven (bench_extractors.py --models). The
     demo's gap stays at 0.36 for as long as it was run. With a flat 2 s
