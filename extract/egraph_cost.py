@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Collection
 
+from ..term import CTORS, Role
 from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_time
 from .fx_cost import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
 
@@ -35,14 +36,12 @@ CAT_LAUNCH_SHARE = 0.5
 # ConcatKernel that copies every input that is not a whole generated buffer, one
 # kernel each, so long lists cost launches by the item. A quarter launch per cell
 # beyond the 8th (counted from the list's end: cells of shorter lists are free)
-# lets runs folded into one view (batch_views.py, the cat-run rules) win. Cells
+# lets runs folded into one view (rewrites/batching/views.py, the cat-run rules) win. Cells
 # holding graph inputs (a stack of parameters) are free: their copies are one
 # foreach kernel, paid by the Cat.
 CELL_LAUNCH_SHARE = 0.25
 DEFAULT_ITEMSIZE = 4  # dtypes of new terms are not tracked; float32 is the common case
 
-_VIEWS = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "TNil"}
-_ELEMENTWISE = {"Unary", "Binary", "Scalar"}
 _GROUPED = {"grouped_matmul", "grouped_member", "pack"}  # opspec.GROUPED_MATMUL, GROUPED_MEMBER, PACK
 _KIND_OF_OPKIND = {
     "pointwise": KernelKind.POINTWISE,
@@ -81,19 +80,21 @@ class EGraphCost:
         return DEFAULT_ITEMSIZE * sum(_numel(self.shapes.get(c)) for c in classes)
 
     def __call__(self, c: int, node) -> float:
-        ctor = node.ctor
-        if ctor in _VIEWS:
-            return VIEW_COST if ctor != "Leaf" else 0.0
+        role = CTORS[node.ctor].role  # only constructors the rebuilder emits are priced
+        if role is Role.LEAF:
+            return 0.0
+        if role is Role.VIEW:
+            return VIEW_COST
         p = self.profile
-        if ctor == "TCons":
+        if role is Role.CELL:
             if (p.codegen != "triton" or node.children[0] in self.input_classes
                     or self.list_lengths.get(c, 0) <= MAX_POINTWISE_CAT_INPUTS):
                 return VIEW_COST
             return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
         moved = self._bytes((c,) + node.children)
-        if ctor in _ELEMENTWISE:
+        if role is Role.ELEMENTWISE:
             return self._fused_pointwise(c, moved)
-        if ctor == "Cat":
+        if role is Role.CAT:
             out = self._bytes((c,))
             return kernel_time(p, KernelKind.CAT, 2 * out, 0) - (1 - CAT_LAUNCH_SHARE) * p.launch_s(KernelKind.CAT)
         opkind = self.op_kind(node.args[0])

@@ -29,14 +29,14 @@ class Extractor(Protocol):
 class AutoExtractor:
     """Greedy always; then the ILP if the pruned graph has <= ``max_ilp_nodes``.
 
-    45,000 e-nodes solved in ~3 s on these machines (DESIGN.md), so the default
+    45,000 e-nodes solved in ~3 s on these machines (docs/ilp.md), so the default
     size cut-off keeps the ILP within its ``time_limit`` on typical graphs.
     The ILP gets at most ``max_ilp_seconds`` (default 8) of that limit, and
     gives up after ``give_up_after_s`` (default 1.5) while its gap is above 0.3
     (``IlpExtractor``; the check runs at HiGHS's MIP interrupts, which can be
     seconds apart: 1.5 s makes the demo stop at 1.7 s where 2 s let it run to
     3.7 s). ple is proven in 1.9-3.9 s. dynamic_schema, which the ILP alone
-    proves in 5.2-5.6 s since the reach rows (ilp.py), is given up at about
+    proves in 5.2-5.6 s since the reach rows (docs/ilp.md), is given up at about
     2 s with a gap of 0.31: its optimum is the greedy program, so auto
     returns the same program, unproven (bench_extractors.py --models). The
     demo's gap stays at 0.36 for as long as it was run. With a flat 2 s

@@ -9,56 +9,120 @@ training works: AOTAutograd inside Inductor differentiates the optimized graph.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
+from .fx_graphs import copy_module
+from .guard import measure_and_choose
 from .inductor_compat import first_line, is_dynamo_signal
+from .report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
+
+
+def training_step(example_inputs: Sequence[Any]) -> bool:
+    """Whether Dynamo's graph will be differentiated: grad mode is on and an input (a
+    parameter, when Dynamo lifts them to inputs) requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
 
 def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable]:
     """A backend with :func:`optimize_graph` options, e.g. ``make_backend(extractor="greedy")``.
 
-    ``inductor=False`` returns the optimized GraphModule itself (runs eagerly),
-    which is handy for debugging rewrites without compiling.
+    Backend options besides :func:`optimize_graph`'s:
+
+    - ``inductor=False`` returns the optimized GraphModule itself (runs eagerly),
+      which is handy for debugging rewrites without compiling;
+    - ``measure=True`` (default) compiles the original graph too, times both on the
+      example inputs in interleaved rounds (forward, and backward in training) and
+      keeps the optimized program only when it is faster beyond the noise
+      (:mod:`optimus_eqsat.guard`); ``report.measured`` says what was kept. It costs
+      one more Inductor compile and about ``measure_budget_s`` of timing;
+    - ``measure_budget_s`` (default 1.0): seconds of interleaved timing.
     """
     use_inductor = options.pop("inductor", True)
+    measure = options.pop("measure", True)
+    budget_s = options.pop("measure_budget_s", 1.0)
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
     # A caller's mistake (an unknown option, a missing or broken rule file) is an error
     # here, when the backend is made, not later inside the user's compile.
     OptimizeOptions.from_kwargs(**options)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        # Inductor's passes edit the graph they compile: the original is compiled from a copy.
+        original = copy_module(gm)
         optimized = optimize_graph(gm, example_inputs, **options)
         report = optimized.meta.get("optimus_eqsat")
         if report is not None:
-            log.info("optimus_eqsat backend:\n%s", report.summary())
             backend.reports.append(report)
         if not use_inductor:
+            _log_report(report)
             return optimized
         from torch._inductor.compile_fx import compile_fx
 
-        if report is None or report.fell_back:
-            return compile_fx(gm, example_inputs)
-        try:
-            return compile_fx(optimized, example_inputs)
-        except Exception as exc:
-            if is_dynamo_signal(exc):
-                raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again
-            # Inductor's own passes can trip on shapes they do not expect (seen: its
-            # attention-fusion pattern on a folded q/k/v permute). Never fail the user's
-            # compile for it: compile the graph Dynamo gave us instead.
-            log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
-                        first_line(exc))
-            report.fell_back, report.fallback_reason = True, f"Inductor: {type(exc).__name__}: {exc}"[:500]
-            return compile_fx(gm, example_inputs)
+        if report is None or report.fell_back or not report.changed:
+            _log_report(report)
+            return compile_fx(original, example_inputs)
+        compiled = _compile(compile_fx, optimized, example_inputs, report)
+        if compiled is None:
+            return compile_fx(original, example_inputs)
+        if measure:
+            compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s)
+        _log_report(report)
+        return compiled
 
     backend.reports = []  # type: ignore[attr-defined]
     return backend
+
+
+def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+             report: OptimizeReport) -> Callable | None:
+    """Inductor on the optimized graph; None (and a logged fallback) when Inductor fails on it."""
+    try:
+        return compile_fx(gm, example_inputs)
+    except Exception as exc:
+        if is_dynamo_signal(exc):
+            raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again
+        # Inductor's own passes can trip on shapes they do not expect (seen: its
+        # attention-fusion pattern on a folded q/k/v permute). Never fail the user's
+        # compile for it: compile the graph Dynamo gave us instead.
+        log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
+                    first_line(exc))
+        report.fell_back, report.fallback_reason = True, f"Inductor: {type(exc).__name__}: {exc}"[:500]
+        return None
+
+
+def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
+              example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float) -> Callable:
+    """The faster of ``compiled`` and the original graph compiled, by measurement."""
+    start = time.perf_counter()
+    baseline = compile_fx(copy_module(original), example_inputs)
+    compile_s = time.perf_counter() - start
+    try:
+        result = measure_and_choose({"original": baseline, "optimized": compiled}, original, example_inputs,
+                                    training_step(example_inputs), budget_s=budget_s)
+    except Exception as exc:
+        if is_dynamo_signal(exc):
+            raise
+        # Nothing says the optimized program is faster: keep the original.
+        log.warning("optimus_eqsat: could not time the programs (%s); keeping the original", first_line(exc))
+        report.fell_back, report.fallback_reason = True, f"measurement failed: {first_line(exc, 400)}"
+        return baseline
+    result.compile_s["original"] = compile_s
+    report.measured = result
+    if result.kept == "original":
+        report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
+        return baseline
+    return compiled
+
+
+def _log_report(report: OptimizeReport | None) -> None:
+    if report is not None:
+        log.info("optimus_eqsat backend:\n%s", report.summary())
 
 
 def optimus_eqsat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

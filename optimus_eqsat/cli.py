@@ -1,4 +1,4 @@
-"""Command line: ``optimus-eqsat [demo|bench] ...``."""
+"""Command line: ``optimus-eqsat [demo|bench|calibrate] ...``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--features", type=int, default=8, help="feature towers in the demo model")
     demo.add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("bench", help="run the benchmark harness (from a repository checkout)", add_help=False)
+    _add_calibrate_parser(sub)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         try:
@@ -27,12 +28,51 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "calibrate":
+        return run_calibrate(args)
     if args.command is None:
         args = parser.parse_args(["demo", *(argv or [])])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     from .demo import run_demo
 
     return run_demo(profile=args.profile, extractor=args.extractor, features=args.features)
+
+
+
+def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    cal = sub.add_parser("calibrate", help="measure this machine's per-call costs and throughputs through "
+                         "Inductor and store them as the cost model's device profile")
+    cal.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    cal.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's current setting)")
+    cal.add_argument("--quick", action="store_true", help="a smoke run: fewer programs, rounds and shapes")
+    cal.add_argument("--clock", default="auto", choices=["auto", "wall", "cpu"],
+                     help="auto: CPU time for one CPU thread, CUDA events on CUDA, else wall time")
+    cal.add_argument("--out", default=None, help="write the profile here instead of the user's cache")
+    cal.add_argument("--show", action="store_true",
+                     help="measure nothing; print the profile the cost model would use now (user's or shipped)")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``optimus-eqsat calibrate``: measure and store, or ``--show`` the profile in use."""
+    from .calibration import CalibrationError, calibrate, current_profile, load_profile, save_profile
+
+    if args.show:
+        profile = current_profile(args.device, args.dtype, args.threads)
+        mine = load_profile(args.device, args.dtype, args.threads) is not None
+        print(profile.table())
+        print("(your calibrated profile)" if mine else
+              "(shipped default; run `optimus-eqsat calibrate` to measure this machine)")
+        return 0
+    try:
+        profile = calibrate(args.device, args.dtype, threads=args.threads, quick=args.quick, clock=args.clock,
+                            progress=lambda line: print(line, file=sys.stderr))
+    except CalibrationError as exc:
+        print(f"calibration failed: {exc}", file=sys.stderr)
+        return 1
+    print(profile.table())
+    print(f"took {profile.fit['duration_s']} s; stored in {save_profile(profile, args.out)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ from typing import Any, Callable
 import egglog.bindings as eb
 
 from .extract.egraph import ENode, ExtractionGraph
+from .term import EMITTED_CTORS, VIEW_CTORS
 
 VALUE_SORTS = ("Tensor", "TList")
-# The constructors the rebuilder can write as FX. Anything else (Id/LId names,
-# helpers such as LAppend/MapUnary, constructors a user rule file declares) is
-# never part of a program.
-EMITTED = {"Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat", "Unary", "Binary", "Scalar",
-           "Op1", "Op2", "Op3", "TCons", "TNil"}
+# The constructors the rebuilder can write as FX (term.py). Anything else (Id/LId
+# names, helpers such as LAppend/MapUnary, constructors a user rule file declares)
+# is never part of a program.
+EMITTED = EMITTED_CTORS
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ExportedEGraph:
     def input_classes(self) -> set[int]:
         """Classes holding a leaf (graph input, parameter) or a view of one: what Inductor
         copies into a cat with one foreach kernel, however many there are."""
-        return set(self._steps_up({"Leaf"}, {"Slice", "Reshape", "Permute", "Expand"}, child=0))
+        return set(self._steps_up({"Leaf"}, VIEW_CTORS - {"TNil"}, child=0))
 
     def list_lengths(self) -> dict[int, int]:
         """Fewest members of any list each list class can be (TNil 0, TCons 1 + tail)."""

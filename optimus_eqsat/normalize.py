@@ -18,7 +18,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .terms import vec
+from .term import Binary, Cat, Expand, Id, ListTerm, Op2, Op3, Permute, Reshape, Scalar, Slice, Term, Unary
 from .opspec import GATHER, MATMUL, POINTWISE, REDUCTION
 
 
@@ -31,17 +31,17 @@ class Context(Protocol):
 
     node: torch.fx.Node
 
-    def ref(self, value: Any) -> str: ...
+    def ref(self, value: Any) -> Id: ...
     def shape(self, value: Any) -> tuple[int, ...]: ...
     def out_shape(self) -> tuple[int, ...]: ...
     def same_dtype_as_input(self, value: Any) -> bool: ...
-    def generic(self, kind: str, elementwise: bool = False) -> str: ...
+    def generic(self, kind: str, elementwise: bool = False) -> Term: ...
     def named(self, key: str, target: Any, n_operands: int, kind: str) -> str: ...
-    def pieces(self, value: Any) -> list[str] | None: ...
-    def cons(self, items: list[str], dim: int) -> str: ...
+    def pieces(self, value: Any) -> list[Term] | None: ...
+    def cons(self, items: list[Term], dim: int) -> ListTerm: ...
 
 
-Handler = Callable[[Context, dict[str, Any]], "str | list[str]"]
+Handler = Callable[[Context, dict[str, Any]], "Term | list[Term]"]
 
 # ---------------------------------------------------------------- names
 # A canonical op name for every spelling of a target.
@@ -130,23 +130,15 @@ def _dim(d: Any, rank: int) -> int:
 # ---------------------------------------------------------------- structural handlers
 
 
-def _slice(x: str, dim: int, start: int, end: int) -> str:
-    return f"(Slice {x} {dim} {start} {end})"
-
-
-def _reshape(x: str, shape: tuple[int, ...]) -> str:
-    return f"(Reshape {x} {vec(shape)})"
-
-
-def _split_pieces(ctx: Context, x: Any, sizes: list[int], dim: int) -> list[str]:
+def _split_pieces(ctx: Context, x: Any, sizes: list[int], dim: int) -> list[Term]:
     ref, out, start = ctx.ref(x), [], 0
     for size in sizes:
-        out.append(_slice(ref, dim, start, start + size))
+        out.append(Slice(ref, dim, start, start + size))
         start += size
     return out
 
 
-def h_split(ctx: Context, a: dict[str, Any]) -> list[str]:
+def h_split(ctx: Context, a: dict[str, Any]) -> list[Term]:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     total, size = shape[dim], a["size"]
@@ -161,7 +153,7 @@ def h_split(ctx: Context, a: dict[str, Any]) -> list[str]:
     return _split_pieces(ctx, a["input"], sizes, dim)
 
 
-def h_chunk(ctx: Context, a: dict[str, Any]) -> list[str]:
+def h_chunk(ctx: Context, a: dict[str, Any]) -> list[Term]:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     chunks, total = a["chunks"], shape[dim]
@@ -172,22 +164,22 @@ def h_chunk(ctx: Context, a: dict[str, Any]) -> list[str]:
     return _split_pieces(ctx, a["input"], sizes, dim)
 
 
-def h_unbind(ctx: Context, a: dict[str, Any]) -> list[str]:
+def h_unbind(ctx: Context, a: dict[str, Any]) -> list[Term]:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     squeezed = shape[:dim] + shape[dim + 1 :]
     ref = ctx.ref(a["input"])
-    return [_reshape(_slice(ref, dim, i, i + 1), squeezed) for i in range(shape[dim])]
+    return [Reshape(Slice(ref, dim, i, i + 1), squeezed) for i in range(shape[dim])]
 
 
-def h_narrow(ctx: Context, a: dict[str, Any]) -> str:
+def h_narrow(ctx: Context, a: dict[str, Any]) -> Term:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     start, length = a["start"], a["length"]
     if not isinstance(start, int) or not isinstance(length, int):
         raise Unsupported("narrow with tensor start")
     start = start % shape[dim] if start < 0 else start
-    return _slice(ctx.ref(a["input"]), dim, start, start + length)
+    return Slice(ctx.ref(a["input"]), dim, start, start + length)
 
 
 def _clamp_range(start: Any, stop: Any, size: int) -> tuple[int, int]:
@@ -200,26 +192,26 @@ def _clamp_range(start: Any, stop: Any, size: int) -> tuple[int, int]:
     return start, stop
 
 
-def h_aten_slice(ctx: Context, a: dict[str, Any]) -> str:
+def h_aten_slice(ctx: Context, a: dict[str, Any]) -> Term:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     if a["step"] != 1:
         raise Unsupported("slice step")
     start, stop = _clamp_range(a["start"], a["end"], shape[dim])
-    return _slice(ctx.ref(a["input"]), dim, start, stop)
+    return Slice(ctx.ref(a["input"]), dim, start, stop)
 
 
-def h_select(ctx: Context, a: dict[str, Any]) -> str:
+def h_select(ctx: Context, a: dict[str, Any]) -> Term:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     index = a["index"]
     if not isinstance(index, int) or not -shape[dim] <= index < shape[dim]:
         raise Unsupported("select index")
     index %= shape[dim]
-    return _reshape(_slice(ctx.ref(a["input"]), dim, index, index + 1), shape[:dim] + shape[dim + 1 :])
+    return Reshape(Slice(ctx.ref(a["input"]), dim, index, index + 1), shape[:dim] + shape[dim + 1 :])
 
 
-def h_getitem(ctx: Context, a: dict[str, Any]) -> str:
+def h_getitem(ctx: Context, a: dict[str, Any]) -> Term:
     container, index = a["input"], a["index"]
     pieces = ctx.pieces(container)
     if pieces is not None:
@@ -229,7 +221,7 @@ def h_getitem(ctx: Context, a: dict[str, Any]) -> str:
     return _tensor_index(ctx, container, index)
 
 
-def _tensor_index(ctx: Context, x: Any, index: Any) -> str:
+def _tensor_index(ctx: Context, x: Any, index: Any) -> Term:
     """x[index] for ints, slices with step 1, None and Ellipsis."""
     shape = list(ctx.shape(x))
     items = list(index) if isinstance(index, tuple) else [index]
@@ -242,7 +234,8 @@ def _tensor_index(ctx: Context, x: Any, index: Any) -> str:
         at = items.index(Ellipsis)
         items[at : at + 1] = [slice(None)] * (len(shape) - consumed)
     items += [slice(None)] * (len(shape) - sum(1 for i in items if i is not None))
-    term, dim, out_shape = ctx.ref(x), 0, []
+    term: Term = ctx.ref(x)
+    dim, out_shape = 0, []
     for item in items:
         if item is None:
             out_shape.append(1)
@@ -252,26 +245,26 @@ def _tensor_index(ctx: Context, x: Any, index: Any) -> str:
             if not -size <= item < size:
                 raise Unsupported("index out of range")
             i = item % size
-            term = _slice(term, dim, i, i + 1)
+            term = Slice(term, dim, i, i + 1)
         else:
             if item.step not in (None, 1):
                 raise Unsupported("slice step")
             start, stop = _clamp_range(item.start, item.stop, size)
             if (start, stop) != (0, size):
-                term = _slice(term, dim, start, stop)
+                term = Slice(term, dim, start, stop)
             out_shape.append(stop - start)
         dim += 1
     if tuple(out_shape) != ctx.out_shape():
         raise Unsupported("indexing result shape disagrees with meta")
     full = tuple(out_shape)
-    return term if _is_plain_slice(items) else _reshape(term, full)
+    return term if _is_plain_slice(items) else Reshape(term, full)
 
 
 def _is_plain_slice(items: list) -> bool:
     return all(isinstance(i, slice) for i in items)
 
 
-def _tensor_list(ctx: Context, tensors: Any) -> list[str]:
+def _tensor_list(ctx: Context, tensors: Any) -> list[Term]:
     pieces = ctx.pieces(tensors)
     if pieces is not None:
         return pieces
@@ -280,57 +273,57 @@ def _tensor_list(ctx: Context, tensors: Any) -> list[str]:
     return [ctx.ref(t) for t in tensors]
 
 
-def h_cat(ctx: Context, a: dict[str, Any]) -> str:
+def h_cat(ctx: Context, a: dict[str, Any]) -> Term:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
-    return f"(Cat {ctx.cons(_tensor_list(ctx, a['tensors']), dim)})"
+    return Cat(ctx.cons(_tensor_list(ctx, a["tensors"]), dim))
 
 
-def h_stack(ctx: Context, a: dict[str, Any]) -> str:
+def h_stack(ctx: Context, a: dict[str, Any]) -> Term:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
     member = out[:dim] + (1,) + out[dim + 1 :]
-    items = [_reshape(t, member) for t in _tensor_list(ctx, a["tensors"])]
-    return f"(Cat {ctx.cons(items, dim)})"
+    items: list[Term] = [Reshape(t, member) for t in _tensor_list(ctx, a["tensors"])]
+    return Cat(ctx.cons(items, dim))
 
 
-def h_reshape(ctx: Context, a: dict[str, Any]) -> str:
+def h_reshape(ctx: Context, a: dict[str, Any]) -> Term:
     """reshape / view / flatten / unflatten / squeeze / unsqueeze: the result shape says it all."""
     x = ctx.node.args[0] if ctx.node.args else a.get("input")
     if ctx.node.target in ("view", torch.Tensor.view) and any(isinstance(v, torch.dtype) for v in ctx.node.args[1:]):
         raise Unsupported("view as dtype")
-    return _reshape(ctx.ref(x), ctx.out_shape())
+    return Reshape(ctx.ref(x), ctx.out_shape())
 
 
-def h_expand(ctx: Context, a: dict[str, Any]) -> str:
-    return f"(Expand {ctx.ref(ctx.node.args[0])} {vec(ctx.out_shape())})"
+def h_expand(ctx: Context, a: dict[str, Any]) -> Term:
+    return Expand(ctx.ref(ctx.node.args[0]), ctx.out_shape())
 
 
-def h_permute(ctx: Context, a: dict[str, Any]) -> str:
+def h_permute(ctx: Context, a: dict[str, Any]) -> Term:
     x = ctx.node.args[0]
     rank = len(ctx.shape(x))
     perm = tuple(_dim(d, rank) for d in _varargs_sizes(ctx.node))
     if sorted(perm) != list(range(rank)):
         raise Unsupported("bad permutation")
-    return f"(Permute {ctx.ref(x)} {vec(perm)})"
+    return Permute(ctx.ref(x), perm)
 
 
-def h_transpose(ctx: Context, a: dict[str, Any]) -> str:
+def h_transpose(ctx: Context, a: dict[str, Any]) -> Term:
     rank = len(ctx.shape(a["input"]))
     perm = list(range(rank))
     d0, d1 = _dim(a["dim0"], rank), _dim(a["dim1"], rank)
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return f"(Permute {ctx.ref(a['input'])} {vec(perm)})"
+    return Permute(ctx.ref(a["input"]), tuple(perm))
 
 
-def h_t(ctx: Context, a: dict[str, Any]) -> str:
+def h_t(ctx: Context, a: dict[str, Any]) -> Term:
     rank = len(ctx.shape(a["input"]))
     if rank < 2:
         return ctx.ref(a["input"])
-    return f"(Permute {ctx.ref(a['input'])} (vec-of 1 0))"
+    return Permute(ctx.ref(a["input"]), (1, 0))
 
 
-def h_movedim(ctx: Context, a: dict[str, Any]) -> str:
+def h_movedim(ctx: Context, a: dict[str, Any]) -> Term:
     rank = len(ctx.shape(a["input"]))
     src, dst = a["source"], a["destination"]
     src = [src] if isinstance(src, int) else list(src)
@@ -341,14 +334,14 @@ def h_movedim(ctx: Context, a: dict[str, Any]) -> str:
         perm[d] = s
     rest = iter(d for d in range(rank) if d not in src)
     perm = [p if p >= 0 else next(rest) for p in perm]
-    return f"(Permute {ctx.ref(a['input'])} {vec(perm)})"
+    return Permute(ctx.ref(a["input"]), tuple(perm))
 
 
-def h_identity(ctx: Context, a: dict[str, Any]) -> str:
+def h_identity(ctx: Context, a: dict[str, Any]) -> Term:
     return ctx.ref(a["input"])
 
 
-def h_dropout(ctx: Context, a: dict[str, Any]) -> str:
+def h_dropout(ctx: Context, a: dict[str, Any]) -> Term:
     if a["training"] and a["p"] != 0:
         raise Unsupported("dropout in training mode is random")
     return ctx.ref(a["input"])
@@ -373,7 +366,7 @@ def _is_number(v: Any) -> bool:
 def h_arith(name: str) -> Handler:
     """Tensor-tensor ops become Binary; tensor-scalar ops Scalar (when dtype is kept)."""
 
-    def handler(ctx: Context, a: dict[str, Any]) -> str:
+    def handler(ctx: Context, a: dict[str, Any]) -> Term:
         if a.get("alpha", 1) != 1 or a.get("rounding_mode") is not None:
             return ctx.generic(POINTWISE, elementwise=True)
         x, y = a["input"], a["other"]
@@ -385,7 +378,7 @@ def h_arith(name: str) -> Handler:
             if op not in _ARITH_TARGETS:
                 raise Unsupported(op)
             key = ctx.named(op, _ARITH_TARGETS[op], 2, POINTWISE)
-            return f"(Binary \"{key}\" {ctx.ref(x)} {ctx.ref(y)})"
+            return Binary(key, ctx.ref(x), ctx.ref(y))
         if _is_number(x) and isinstance(y, torch.fx.Node) and op in _COMMUTATIVE:
             x, y = y, x
         elif _is_number(x) and isinstance(y, torch.fx.Node):
@@ -394,7 +387,7 @@ def h_arith(name: str) -> Handler:
             return ctx.generic(POINTWISE, elementwise=True)
         # Same spec as the Binary op of that name (rebuild reads only its target for scalars)
         key = ctx.named(op, _SCALAR_TARGETS.get(op, op), 2, POINTWISE)
-        return f"(Scalar \"{key}\" {ctx.ref(x)} {float(y)!r})"
+        return Scalar(key, ctx.ref(x), float(y))
 
     return handler
 
@@ -421,44 +414,44 @@ GENERIC_KINDS = {
 
 
 def h_generic(kind: str, elementwise: bool = False) -> Handler:
-    def handler(ctx: Context, a: dict[str, Any]) -> str:
+    def handler(ctx: Context, a: dict[str, Any]) -> Term:
         return ctx.generic(kind, elementwise=elementwise)
 
     return handler
 
 
-def h_neg(ctx: Context, a: dict[str, Any]) -> str:
+def h_neg(ctx: Context, a: dict[str, Any]) -> Term:
     """A plain neg (one tensor, nothing else) gets the fixed key "neg" that rules match on."""
     node = ctx.node
     if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], torch.fx.Node):
         return ctx.generic(POINTWISE, elementwise=True)
-    return f"(Unary \"{ctx.named('neg', torch.neg, 1, POINTWISE)}\" {ctx.ref(node.args[0])})"
+    return Unary(ctx.named("neg", torch.neg, 1, POINTWISE), ctx.ref(node.args[0]))
 
 
-def h_matmul(ctx: Context, a: dict[str, Any]) -> str:
+def h_matmul(ctx: Context, a: dict[str, Any]) -> Term:
     key = ctx.named("matmul", torch.matmul, 2, MATMUL)
-    return f"(Op2 \"{key}\" {ctx.ref(a['input'])} {ctx.ref(a['other'])})"
+    return Op2(key, ctx.ref(a["input"]), ctx.ref(a["other"]))
 
 
-def h_linear(ctx: Context, a: dict[str, Any]) -> str:
+def h_linear(ctx: Context, a: dict[str, Any]) -> Term:
     x, w, b = ctx.ref(a["input"]), ctx.ref(a["weight"]), a.get("bias")
     if b is None:
         key = ctx.named("linear", F.linear, 2, MATMUL)
-        return f"(Op2 \"{key}\" {x} {w})"
+        return Op2(key, x, w)
     key = ctx.named("linear_b", F.linear, 3, MATMUL)
-    return f"(Op3 \"{key}\" {x} {w} {ctx.ref(b)})"
+    return Op3(key, x, w, ctx.ref(b))
 
 
-def h_addmm(ctx: Context, a: dict[str, Any]) -> str:
+def h_addmm(ctx: Context, a: dict[str, Any]) -> Term:
     """addmm(b, x, w) = b + x @ w (beta = alpha = 1 only)."""
     if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
         return ctx.generic(MATMUL)
     mm = ctx.named("matmul", torch.matmul, 2, MATMUL)
     add = ctx.named("add", torch.add, 2, POINTWISE)
-    return f"(Binary \"{add}\" (Op2 \"{mm}\" {ctx.ref(a['mat1'])} {ctx.ref(a['mat2'])}) {ctx.ref(a['input'])})"
+    return Binary(add, Op2(mm, ctx.ref(a["mat1"]), ctx.ref(a["mat2"])), ctx.ref(a["input"]))
 
 
-def h_embedding(ctx: Context, a: dict[str, Any]) -> str:
+def h_embedding(ctx: Context, a: dict[str, Any]) -> Term:
     """F.embedding with max_norm renormalizes rows of its table in place: kept opaque."""
     node = ctx.node
     if node.target is F.embedding:

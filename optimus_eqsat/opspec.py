@@ -21,7 +21,7 @@ REDUCTION = "reduction"
 MATMUL = "matmul"
 GATHER = "gather"
 OTHER = "other"
-# Kinds of the grouped-linear batching terms (rewrites/batching.py, group_linear):
+# Kinds of the grouped-linear batching terms (rewrites/batching/grouped_linear.py):
 GROUPED_MATMUL = "grouped_matmul"  # the one grouped call: a launch, its work is priced in its members
 GROUPED_MEMBER = "grouped_member"  # one linear riding in a grouped call: its FLOPs and bytes
 PACK = "pack"  # operand packing and getitem of a grouped call: no kernel

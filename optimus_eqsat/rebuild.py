@@ -21,6 +21,7 @@ import torch.fx
 
 from .extract.fx_cost import SHAPE_META, TensorInfo, fetch_attr, node_tensor_infos, target_name
 from .egraph_export import ClassRef, ExportedEGraph, TermNode
+from .term import CTORS
 from .translate import VIEW_OPS, Translation
 from .normalize import canonical_name
 
@@ -263,15 +264,10 @@ class Rebuilder:
             if i not in self.of_original and self._copy_original(i).op == "get_attr":
                 self.aliases_input.add(self.of_original[i])
             return self.of_original[i]
-        if ctor == "Slice":
-            x, d, a, b = args
-            new = self._call(torch.narrow, (val(x), d, a, b - a))
-        elif ctor == "Reshape":
-            new = self._call(torch.reshape, (val(args[0]), list(args[1])))
-        elif ctor == "Permute":
-            new = self._call(torch.permute, (val(args[0]), list(args[1])))
-        elif ctor == "Expand":
-            new = g.create_node("call_method", "expand", (val(args[0]), list(args[1])), name=self._fresh_name("expand"))
+        info = CTORS.get(ctor)
+        if info is not None and info.fx is not None:  # a view: the FX call term.py declares for it
+            op, target, call_args = info.fx(info.cls(*args), val(args[0]))
+            new = g.create_node(op, target, call_args, name=self._fresh_name(target))
         elif ctor == "Cat":
             members, dim = self._list_members(args[0].index)
             stacked = self._stacked(members, dim)

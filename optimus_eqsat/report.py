@@ -20,6 +20,8 @@ class OptimizeReport:
         iterations, enodes, eclasses: size of the saturated e-graph.
         extractor: which extractor produced the program; optimal / gap as it reported.
         fell_back: True when the original graph was returned; fallback_reason says why.
+        measured: the backend's measurement of original and optimized step time
+            (``guard.GuardResult``: both times, their ratio and which program was kept).
         batched: nodes given a batched alternative, by kind (batch-linear, batch-elementwise, ...).
         opaque_nodes: nodes kept verbatim, with the reason.
     """
@@ -48,6 +50,14 @@ class OptimizeReport:
     fallback_reason: str | None = None
     opaque_nodes: dict[str, str] = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    measured: Any = None  # guard.GuardResult when the backend timed original and optimized
+
+    @property
+    def changed(self) -> bool:
+        """Whether the result is predicted to run differently from the original (a program
+        predicted alike compiles to the same kernels: the backend then compiles the original)."""
+        return not self.fell_back and (self.launches_after, self.cost_after) != (self.launches_before,
+                                                                                 self.cost_before)
 
     @property
     def total_seconds(self) -> float:
@@ -83,6 +93,8 @@ class OptimizeReport:
             + (f" (declined by the fusion model: {', '.join(self.dropped_batches)})" if self.dropped_batches else ""),
             "rules fired:        " + (", ".join(f"{k} x{v}" for k, v in fired if v) or "none"),
         ]
+        if self.measured is not None:
+            lines.append(f"step time:          {self.measured.summary()}")
         if self.fell_back:
             lines.append(f"FELL BACK to the original graph: {self.fallback_reason}")
         return "\n".join(lines)

@@ -1,9 +1,6 @@
 """The saturation driver: load the language, rule sets and facts; run under limits.
 
-The schedule is one place. Before the loop, the ``<family>_once`` rulesets run
-once. Every iteration then runs each rewrite family once, and the analyses
-(shapes, ``<family>_analysis`` walks such as the cat-run tracker) to
-saturation before and after, so rules that need a shape or a walk see it. It
+What runs in one iteration is the schedule (rewrites/schedule.py). The loop
 stops when nothing changes (saturated) or at the first exhausted limit, and
 says which in :class:`StopReason`.
 """
@@ -13,29 +10,25 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import egglog.bindings as eb
 
 from .rewrites import RuleFileError, RuleSet, shape_rules
+from .rewrites.schedule import compose
+from .term import Fact, egglog_declarations
 
 # Facts are parsed in small batches: egglog's parse time grows faster than
 # linearly with program length (1,000 facts: 0.43 s; 100: 0.007 s), and one
 # command per call pays Python overhead. 20 was the fastest measured here.
 FACT_BATCH = 20
 
-LANGUAGE = resources.files("optimus_eqsat").joinpath("language.egg").read_text()
-
-_ALIAS = re.compile(r"^\(union \((L?)Id (\d+)\) ")
-
-
-def _alias_row(m: re.Match) -> str:
-    return f"({'lalias' if m.group(1) else 'alias'} ({m.group(1)}Id {m.group(2)}) "
+# The language: constructors declared in term.py, then analyses and loading (language.egg).
+LANGUAGE = egglog_declarations() + "\n" + resources.files("optimus_eqsat").joinpath("language.egg").read_text()
 
 
 class StopReason(str, enum.Enum):
@@ -110,15 +103,15 @@ class EGraphSession:
     def _run(self, program: str) -> list:
         return self.egraph.run_program(*self.egraph.parse_program(program))
 
-    def load(self, facts: list[str], fx_nodes: int = 0) -> float:
+    def load(self, facts: Sequence[Fact], fx_nodes: int = 0) -> float:
         """Add facts; ``fx_nodes`` (the graph's size) scales the default e-node limit.
 
-        ``(union (Id k) term)`` facts are loaded as alias rows and unioned together at
-        the end (language.egg): a union per command costs ten times an insert.
+        ``Union`` facts are loaded as alias rows and unioned together at the end
+        (language.egg): a union per command costs ten times an insert.
         """
         self.fx_nodes = fx_nodes
         start = time.perf_counter()
-        facts = [_ALIAS.sub(_alias_row, f, count=1) for f in facts]
+        facts = [f.render() for f in facts]
         for i in range(0, len(facts), FACT_BATCH):
             self._run("\n".join(facts[i : i + FACT_BATCH]))
         self._run("(run-schedule (saturate (run aliases)))")
@@ -149,16 +142,7 @@ class EGraphSession:
         up; the iteration and e-node limits apply to this phase, the time limit
         to the total.
         """
-        families = " ".join(f"(run {r.name})" for r in self.rulesets)
-        once = " ".join(f"(run {name})" for r in self.rulesets for name in r.once_rulesets)
-        # Each analysis saturates on its own inside the loop: a walk along a long list
-        # (cat runs: one cell per round) then pays a round of its own few rules, not
-        # of every shape rule too.
-        analyses = " ".join(f"(saturate (run {n}))" for n in
-                            ["shapes"] + [n for r in self.rulesets for n in r.analysis_rulesets])
-        settle = f"(saturate (seq {analyses}))"
-        first = f"(run-schedule {settle} (seq {once}) {settle})"
-        step = f"(run-schedule {settle} (seq {families}) {settle})"
+        plan = compose(self.rulesets)
         report = previous or SaturationReport(StopReason.SATURATED, 0, 0, 0.0, 0.0)
         first_iteration = report.iterations
         max_enodes = limits.max_enodes or max(MIN_ENODE_LIMIT, ENODES_PER_FX_NODE * self.fx_nodes)
@@ -168,8 +152,8 @@ class EGraphSession:
                 report.stop_reason = StopReason.ITERATION_LIMIT
                 break
             t0 = time.perf_counter()
-            outputs = self._run(first) if report.iterations == first_iteration and once else []
-            (output,) = self._run(step)
+            outputs = self._run(plan.first) if report.iterations == first_iteration and plan.first else []
+            (output,) = self._run(plan.step)
             run = output.report
             for extra in outputs:
                 run.num_matches_per_rule.update(extra.report.num_matches_per_rule)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from . import normalize
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind, canonical_name
 from .opspec import OpRegistry, OpSpec, Slot
-from .terms import cons_list, vec
+from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Term, Unary, Union, cons_list
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Translation:
 
     gm: torch.fx.GraphModule
     nodes: list[torch.fx.Node]
-    facts: list[str] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
     status: dict[int, str] = field(default_factory=dict)  # "term" | "leaf" | "pieces" | "opaque" | "output"
     shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[int, torch.dtype] = field(default_factory=dict)
@@ -64,8 +64,8 @@ class Translation:
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
     roots: list[int] = field(default_factory=list)  # ids whose classes are extracted
-    terms: dict[int, str] = field(default_factory=dict)  # id -> the term it was unioned with
-    cats: dict[int, tuple[tuple[str, ...], int]] = field(default_factory=dict)  # cat/stack id -> (items, dim)
+    terms: dict[int, Term] = field(default_factory=dict)  # id -> the term it was unioned with
+    cats: dict[int, tuple[tuple[Term, ...], int]] = field(default_factory=dict)  # cat/stack id -> (items, dim)
     list_ids: int = 0  # LId names handed out for long lists
     next_id: int = 0  # first id free for terms added after translation (batching)
 
@@ -249,13 +249,13 @@ class Translator:
                     self.t.dtypes[i] = dtype
 
     # -- Context protocol for handlers
-    def ref(self, value: Any) -> str:
+    def ref(self, value: Any) -> Id:
         if not isinstance(value, torch.fx.Node):
             raise Unsupported(f"{value!r} is not a tensor value")
         i = self.ids[value]
         if self.t.status.get(i) not in ("term", "leaf", "opaque"):
             raise Unsupported(f"{value.name} is not a tensor term")
-        return f"(Id {i})"
+        return Id(i)
 
     def shape(self, value: Any) -> tuple[int, ...]:
         shape = self.t.shapes.get(self.ids.get(value, -1)) if isinstance(value, torch.fx.Node) else None
@@ -271,10 +271,10 @@ class Translator:
         a, b = dtypes.get(self.ids.get(value, -1)), dtypes.get(self.ids[self.node])
         return a is not None and a == b
 
-    def pieces(self, value: Any) -> list[str] | None:
+    def pieces(self, value: Any) -> list[Term] | None:
         return self.split_pieces.get(self.ids[value]) if isinstance(value, torch.fx.Node) else None
 
-    def cons(self, items: list[str], dim: int) -> str:
+    def cons(self, items: list[Term], dim: int) -> ListTerm:
         self.t.cats[self.ids[self.node]] = (tuple(items), dim)  # batching reads cats as lists
         return cons_list(items, dim, self.t.facts.append, self.t.new_list_id)
 
@@ -283,14 +283,14 @@ class Translator:
         return self.t.registry.add_named(key, spec)
 
     def generic(self, kind: str, elementwise: bool = False, *, op: str | None = None, target: Any = None,
-                args: tuple | None = None, kwargs: dict | None = None) -> str:
+                args: tuple | None = None, kwargs: dict | None = None) -> Term:
         """An op kept as is, keyed by its target and constant arguments."""
         node = self.node
         op = op or node.op
         target = node.target if target is None else target
         args = node.args if args is None else args
         kwargs = dict(node.kwargs if kwargs is None else kwargs)
-        operands: list[str] = []
+        operands: list[Id] = []
 
         def slot(value: Any) -> Any:
             if isinstance(value, torch.fx.Node):
@@ -312,9 +312,9 @@ class Translator:
             raise Unsupported(f"unhashable argument: {exc}") from None
         key = self.t.registry.register(OpSpec(op, target, template, kw, kind))
         if elementwise and len(operands) == 1:
-            return f"(Unary \"{key}\" {operands[0]})"
+            return Unary(key, operands[0])
         if 1 <= len(operands) <= 3:
-            return f"(Op{len(operands)} \"{key}\" {' '.join(operands)})"
+            return (Op1, Op2, Op3)[len(operands) - 1](key, *operands)
         raise Unsupported(f"{len(operands)} tensor operands")
 
     # -- translation
@@ -340,23 +340,23 @@ class Translator:
         t.next_id = len(self.nodes)
         return t
 
-    def _emit(self, i: int, term: str) -> None:
-        self.t.facts.append(f"(union (Id {i}) {term})")
+    def _emit(self, i: int, term: Term) -> None:
+        self.t.facts.append(Union(Id(i), term))
         self.t.terms[i] = term
         self.t.status[i] = "term"
         # Every known shape is loaded, also those the shape rules could derive: derived
         # along a chain they take one saturation step per node (quadratic on deep graphs).
         if i in self.t.shapes:
-            self.t.facts.append(f"(set (shape (Id {i})) {vec(self.t.shapes[i])})")
+            self.t.facts.append(KnownShape(Id(i), self.t.shapes[i]))
 
     def _leaf(self, i: int) -> None:
         self.t.status[i] = "leaf"
-        self._emit(i, f"(Leaf {i})")
+        self._emit(i, Leaf(i))
         self.t.status[i] = "leaf"
 
     def _opaque(self, i: int, reason: str, ordered: bool) -> None:
         self.t.opaque_reasons[i] = reason
-        self._emit(i, f"(Leaf {i})")
+        self._emit(i, Leaf(i))
         self.t.status[i] = "opaque"
         if ordered:
             self.t.ordered.add(i)
@@ -391,7 +391,7 @@ class Translator:
                 continue
             raise Unsupported(f"split result used whole by {user.name}")
 
-    def _module(self, node: torch.fx.Node) -> str:
+    def _module(self, node: torch.fx.Node) -> Term:
         module = self.gm.get_submodule(str(node.target))
         entry = MODULE_OPS.get(type(module))
         if entry is None or node.kwargs or len(node.args) != 1:
@@ -403,7 +403,7 @@ class Translator:
         if name == "dropout":
             raise Impure("dropout module in training mode")
         if name == "flatten":
-            return f"(Reshape {self.ref(x)} {vec(self.out_shape())})"
+            return Reshape(self.ref(x), self.out_shape())
         params = [self._param_leaf(f"{node.target}.{p}", getattr(module, p)) for p in param_names]
         if name == "linear":
             return normalize.h_linear(self, {"input": x, "weight": params[0], "bias": params[1]})

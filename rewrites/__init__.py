@@ -2,7 +2,9 @@
 
 Each family is an egglog program (``*.egg`` beside this file, plus
 rank-dependent rules generated in :mod:`generated`) declaring one ruleset of
-the same name. The term language they rewrite is ``optimus_eqsat/language.egg``.
+the same name. The term language they rewrite is declared in
+``optimus_eqsat/term.py`` (constructors) and ``optimus_eqsat/language.egg``
+(analyses); how the rulesets are run is ``schedule.py``.
 
 A user rule file is any egglog program that declares ``(ruleset NAME)`` and
 adds rules to it; pass it as ``optimize_graph(gm, rule_files=[path])``.
@@ -21,21 +23,19 @@ _HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class RuleSet:
-    """An egglog program that declares and fills one ruleset."""
+    """An egglog program that declares and fills one ruleset (a family), and the helper
+    rulesets it declares for the schedule (rewrites/schedule.py):
+
+    ``once``: rulesets run once before the saturation loop (rules that push an op into
+    a structure and would nest forever with their reverse); ``analyses``: rulesets
+    saturated around every step with the shapes (walks such as the cat-run tracker).
+    """
 
     name: str
     program: str
     description: str = ""
-
-    @property
-    def once_rulesets(self) -> list[str]:
-        """Rulesets named ``<name>_once``: run once, before the saturation loop."""
-        return re.findall(rf"\(ruleset\s+({re.escape(self.name)}_once)\s*\)", self.program)
-
-    @property
-    def analysis_rulesets(self) -> list[str]:
-        """Rulesets named ``<name>_analysis``: saturated after every step, with the shapes."""
-        return re.findall(rf"\(ruleset\s+({re.escape(self.name)}_analysis)\s*\)", self.program)
+    once: tuple[str, ...] = ()
+    analyses: tuple[str, ...] = ()
 
     @property
     def rule_names(self) -> list[str]:
@@ -46,36 +46,35 @@ def _read(name: str) -> str:
     return (_HERE / name).read_text()
 
 
-def _family(name: str, description: str, *extra: str) -> RuleSet:
-    return RuleSet(name, "\n".join([_read(f"{name}.egg"), *extra]), description)
-
-
 def shape_rules() -> RuleSet:
     """The shape analysis every other family relies on (always loaded)."""
-    return _family("shapes", "shape analysis", generated.permute_shape_rules())
+    return RuleSet("shapes", "\n".join([_read("shapes.egg"), generated.permute_shape_rules()]), "shape analysis")
 
 
 def builtin_rulesets() -> dict[str, RuleSet]:
     """The rule families shipped with the package, by name."""
     families = [
-        _family(
+        RuleSet(
             "splitcat",
+            "\n".join([
+                _read("splitcat.egg"),
+                _read("splitcat_runs.egg"),
+                generated.permute_permute_rules(),
+                generated.select_movedim_rules(),
+                generated.slice_as_select_rules(),
+                generated.slice_cat_member_rules(),
+                generated.reshape_trailing_rules(),
+            ]),
             "split/cat/view algebra (Inductor split_cat.py)",
-            generated.permute_permute_rules(),
-            generated.select_movedim_rules(),
-            generated.cat_run_rules(),
-            generated.slice_as_select_rules(),
-            generated.slice_cat_member_rules(),
-            generated.reshape_trailing_rules(),
+            once=("splitcat_once",),
+            analyses=("splitcat_analysis",),
         ),
+        RuleSet("algebraic", _read("algebraic.egg"), "algebraic rewrites", analyses=("algebraic_analysis",)),
     ]
-    for optional in ("algebraic",):
-        if (_HERE / f"{optional}.egg").exists():
-            families.append(_family(optional, f"{optional} rewrites"))
     return {family.name: family for family in families}
 
 
-# Families written in Python: they add facts between saturations (see batching.py).
+# Families written in Python: they add facts between saturations (see batching/).
 PYTHON_FAMILIES = ("batching",)
 
 

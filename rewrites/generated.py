@@ -6,6 +6,8 @@ insert dims are written out per rank here instead of by hand.
 
 from __future__ import annotations
 
+from ..term import NON_SLICE_TENSOR_CTORS
+
 MAX_RANK = 5  # recommendation and transformer graphs stay at rank <= 4; 5 leaves room
 
 
@@ -75,66 +77,6 @@ def select_movedim_rules() -> str:
     return "\n".join(rules)
 
 
-def cat_run_rules() -> str:
-    """Merge runs of adjacent pieces of one tensor inside a cat list, in few rounds.
-
-    ``(run s l x d a e)``: from list position s, pieces x[a:e] along d have
-    been seen and l is what follows. ``runmax`` keeps the longest run from each
-    start, and only that one becomes a merged alternative ``TCons(x[a:e], l)``
-    of s. So a 1,000-piece cat gains 1,000 list nodes, not the 1,000^2 that
-    merging pairs would build.
-
-    Runs grow by spans, not by cells: ``(span s l x d a e)`` says the cells
-    from s to l are the pieces x[a:e] along d. Every cell is a span, and two
-    adjacent spans of equal extent make one of twice the extent (equal pieces
-    double each round; requiring equal extents keeps the spans from each cell
-    to about one per power of two: joining any two adjacent spans built
-    36 million on the 2,000-feature graph once merged cells joined the lists).
-    A run extends from its farthest end only (``runmax``) by any span that
-    starts there, so the farthest end after each round is reached by the
-    largest span that fits: a k-piece run of equal pieces takes about
-    2 log2(k) saturation rounds instead of k (ragged pieces still go a cell
-    a round). Rounds are what cost here: about 2 ms each on the 160,000-node
-    e-graph of the 2,000-feature extreme graph, whose 2,000-cell output list
-    took 5.4 s to walk cell by cell, 1.6 s by spans.
-
-    Runs open only where one must start: at the list of a Cat, and at a cell
-    whose predecessor (in any list) has no piece of the same tensor ending
-    where the cell's piece begins. Negation is not available in a query, so
-    "has no continuing piece" is a max-merged 0/1 flag per (predecessor cell,
-    piece): set to 0 for every piece that could start a run, to 1 where the
-    predecessor continues it; both sets fire in the same round, and the rule
-    that reads 0 matches a round later. A continuing piece added by a later
-    union can leave an extra run open: more work, never a wrong merge (every
-    run and span is a true run of adjacent pieces). The rules live in
-    ``splitcat_analysis``, saturated every iteration like the shapes.
-    """
-    ra, rs = ":ruleset splitcat_analysis", ":ruleset splitcat"
-    return "\n".join([
-        "(ruleset splitcat_analysis)",
-        "(relation run (TList TList Tensor i64 i64 i64))",
-        "(relation span (TList TList Tensor i64 i64 i64))",
-        "(function runmax (TList Tensor i64 i64) i64 :merge (max old new))",
-        "(function pieceafter (TList Tensor i64 i64) i64 :merge (max old new))",
-        f"(rule ((= l (TCons h r)) (= r (TCons (Slice y d f g) r2))) ((set (pieceafter l y d f) 0)) {ra}"
-        " :name \"cat-run-candidate\")",
-        f"(rule ((= l (TCons (Slice y d e f) r)) (= r (TCons (Slice y d f g) r2)))"
-        f" ((set (pieceafter l y d f) 1)) {ra} :name \"cat-run-continued\")",
-        f"(rule ((= s (TCons (Slice x d a e) l)) (= d (ldim l))) ((span s l x d a e)) {ra}"
-        " :name \"cat-run-cell\")",
-        f"(rule ((span s m x d a b) (span m l x d b e) (= (- e b) (- b a))) ((span s l x d a e)) {ra}"
-        " :name \"cat-run-double\")",
-        f"(rule ((= t (Cat l)) (= l (TCons (Slice x d a b) r)) (= d (ldim r))) ((run l r x d a b)) {ra}"
-        " :name \"cat-run-open\")",
-        f"(rule ((= 0 (pieceafter l y d f)) (= l (TCons h r)) (= r (TCons (Slice y d f g) r2)) (= d (ldim r2)))"
-        f" ((run r r2 y d f g)) {ra} :name \"cat-run-open-next\")",
-        f"(rule ((= e (runmax s x d a)) (run s l x d a e) (span l r x d e f)) ((run s r x d a f)) {ra}"
-        " :name \"cat-run-extend\")",
-        f"(rule ((run s l x d a e)) ((set (runmax s x d a) e)) {ra} :name \"cat-run-longest\")",
-        f"(rule ((= e (runmax s x d a)) (run s l x d a e)) ((union s (TCons (Slice x d a e) l))) {rs} :name \"cat-run-merge\")",
-    ])
-
-
 def slice_as_select_rules() -> str:
     """A k-wide piece x[a:a+k] along d (k | a, k | n) is select a/k of x unflattened to (n/k, k).
 
@@ -161,12 +103,6 @@ def slice_as_select_rules() -> str:
     return "\n".join(rules)
 
 
-# Constructors a tensor can have other than Slice, with fresh argument patterns.
-NON_SLICE_FORMS = {
-    "Leaf": "(Leaf i_)", "Reshape": "(Reshape x_ s_)", "Permute": "(Permute x_ p_)", "Expand": "(Expand x_ s_)",
-    "Unary": "(Unary op_ x_)", "Binary": "(Binary op_ x_ y_)", "Scalar": "(Scalar op_ x_ c_)",
-    "Op1": "(Op1 op_ x_)", "Op2": "(Op2 op_ x_ y_)", "Op3": "(Op3 op_ x_ y_ z_)", "Cat": "(Cat l_)",
-}
 
 
 def slice_cat_member_rules() -> str:
@@ -176,10 +112,10 @@ def slice_cat_member_rules() -> str:
     constructor so a member that is a Slice takes only the composing rule.
     """
     rules = []
-    for ctor, form in NON_SLICE_FORMS.items():
+    for ctor in NON_SLICE_TENSOR_CTORS:  # every constructor a tensor can have other than Slice
         rules.append(
-            f"(rule ((memberpiece t h d a b) (= h {form})) ((union t (Slice h d a b)))"
-            f" :ruleset splitcat :name \"slice-cat-member-{ctor}\")"
+            f"(rule ((memberpiece t h d a b) (= h {ctor.pattern()})) ((union t (Slice h d a b)))"
+            f" :ruleset splitcat :name \"slice-cat-member-{ctor.name}\")"
         )
     return "\n".join(rules)
 

@@ -18,5 +18,5 @@ class SplitTowers(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = torch.split(x, self.width, dim=1)
-        outs = [torch.relu(lin(norm(p))) for p, norm, lin in zip(parts, self.norms, self.linears)]
+        outs = [torch.relu(self.linears[k](self.norms[k](parts[k]))) for k in range(len(self.norms))]
         return torch.cat(outs, dim=1) * 0.5

@@ -1,4 +1,4 @@
-"""Runs of group members and of evenly spaced slices as views (rewrites/batch_views.py):
+"""Runs of group members and of evenly spaced slices as views (rewrites/batching/views.py):
 the run finder on hand-made lists, then whole models whose stacks and cats they
 turn into views, with forward, input and parameter gradients against eager."""
 
@@ -9,7 +9,8 @@ import torch.nn as nn
 
 from optimus_eqsat.extract.freezing import fold_parameters
 from optimus_eqsat.extract.fx_cost import predicted_launches
-from optimus_eqsat.rewrites.batch_views import Item, find_runs
+from optimus_eqsat.rewrites.batching.views import Item, find_runs
+from optimus_eqsat.term import Id
 from optimus_eqsat.translate import Translation
 from tests.helpers import optimize_and_check
 
@@ -26,13 +27,13 @@ def _translation(shapes: dict[int, tuple[int, ...]]) -> Translation:
 def test_member_runs_contiguous_and_interleaved():
     t = _translation({})
     s = (2, 8)
-    items = [Item("x", s)]  # not a member
-    items += [Item(f"g{k}", s, ("(Id 90)", k)) for k in range(3, 7)]  # G[3:7]
+    items = [Item(Id(0), s)]  # not a member
+    items += [Item(Id(k), s, (Id(90), k)) for k in range(3, 7)]  # G[3:7]
     # A, B, C interleaved for 3 full cycles, then A and B once more (a partial cycle)
     for k in range(4):
-        items += [Item("a", s, ("(Id 91)", k)), Item("b", s, ("(Id 92)", 5 + k))]
+        items += [Item(Id(0), s, (Id(91), k)), Item(Id(0), s, (Id(92), 5 + k))]
         if k < 3:
-            items.append(Item("c", s, ("(Id 93)", k)))
+            items.append(Item(Id(0), s, (Id(93), k)))
     runs = [(r.start, r.stop, r.build is not None) for r in find_runs(t, items)]
     assert runs == [(0, 1, False), (1, 5, True), (5, 14, True), (14, 15, False), (15, 16, False)]
 
@@ -40,9 +41,9 @@ def test_member_runs_contiguous_and_interleaved():
 def test_member_run_breaks_on_gap_shape_or_short_cycle():
     t = _translation({})
     s = (2, 8)
-    gap = [Item("g", s, ("(Id 90)", 0)), Item("g", s, ("(Id 90)", 2))]
-    other_shape = [Item("g", s, ("(Id 90)", 0)), Item("g", (2, 4), ("(Id 90)", 1))]
-    one_cycle = [Item("a", s, ("(Id 91)", 0)), Item("b", s, ("(Id 92)", 0)), Item("a", s, ("(Id 91)", 1))]
+    gap = [Item(Id(0), s, (Id(90), 0)), Item(Id(0), s, (Id(90), 2))]
+    other_shape = [Item(Id(0), s, (Id(90), 0)), Item(Id(0), (2, 4), (Id(90), 1))]
+    one_cycle = [Item(Id(0), s, (Id(91), 0)), Item(Id(0), s, (Id(92), 0)), Item(Id(0), s, (Id(91), 1))]
     for items in (gap, other_shape):
         assert all(r.build is None for r in find_runs(t, items))
     # one full A, B cycle is no cheaper than its items; A[0], A[1] are not adjacent
@@ -53,12 +54,12 @@ def test_strided_runs_stop_where_the_stride_leaves_the_source():
     t = _translation({0: (2, 30)})
     s = (2, 4)
     # width 4 at offsets 0, 10, 20: the third piece ends at 24 but its stride window at 30 fits
-    fits = [Item("p", s, piece=(0, 1, o, o + 4)) for o in (0, 10, 20)]
+    fits = [Item(Id(0), s, piece=(0, 1, o, o + 4)) for o in (0, 10, 20)]
     assert [(r.start, r.stop) for r in find_runs(t, fits)] == [(0, 3)]
     t = _translation({0: (2, 26)})
     # the window of a third stride would end at 30 > 26: the last piece stays on its own
     assert [(r.start, r.stop) for r in find_runs(t, fits)] == [(0, 2), (2, 3)]
-    adjacent = [Item("p", s, piece=(0, 1, o, o + 4)) for o in (0, 4, 8)]
+    adjacent = [Item(Id(0), s, piece=(0, 1, o, o + 4)) for o in (0, 4, 8)]
     [run] = find_runs(t, adjacent)
     assert run.contiguous_piece == 1  # left to the cat-run rules when cat on dim 1
 
@@ -154,7 +155,7 @@ def test_build_order_puts_readers_after_the_groups_they_read():
     from optimus_eqsat.rewrites.batching import Candidate, build_order
 
     def c(node: int, *operands: int) -> Candidate:
-        return Candidate(node, "Unary", "relu", operands, "")
+        return Candidate(node, "Unary", "relu", operands)
 
     acts = [c(10, 1), c(20, 2)]  # read graph inputs
     muls = [c(11, 10), c(15, 20)]  # read the acts; last member (15) before the acts' (20)
@@ -166,13 +167,13 @@ def test_build_order_puts_readers_after_the_groups_they_read():
 
 
 def test_flattening_a_deep_cat_chain_does_not_recurse():
-    from optimus_eqsat.rewrites.batch_views import _flat_items
+    from optimus_eqsat.rewrites.batching.views import _flat_items
 
     t = _translation({})
     depth = 3000  # deeper than Python's recursion limit
-    t.cats[0] = (("(Id 100000)", "(Id 100001)"), 1)
+    t.cats[0] = ((Id(100000), Id(100001)), 1)
     for k in range(1, depth):
-        t.cats[k] = ((f"(Id {k - 1})", f"(Id {100001 + k})"), 1)
+        t.cats[k] = ((Id(k - 1), Id(100001 + k)), 1)
     t.status.update({k: "term" for k in range(depth)})
     items = _flat_items(t, depth - 1, 1)
-    assert items == [f"(Id {100000 + k})" for k in range(depth + 1)]
+    assert items == [Id(100000 + k) for k in range(depth + 1)]

@@ -367,7 +367,7 @@ def test_real_demo_egraph_ilp_valid_and_auto_bounded() -> None:
 
 
 def test_reduce_for_ilp_is_exact_on_random_graphs() -> None:
-    from optimus_eqsat.extract.ilp import reduce_for_ilp
+    from optimus_eqsat.extract.ilp_reduce import reduce_for_ilp
 
     checked = 0
     for g, optimum in solvable_random_graphs(7, 150):
@@ -405,7 +405,7 @@ def _shared_expensive_child() -> ExtractionGraph:
 
 
 def test_need_pairs_are_the_hasse_diagram_of_need() -> None:
-    from optimus_eqsat.extract.ilp import _need_pairs, _needs
+    from optimus_eqsat.extract.ilp_needs import _need_pairs, _needs
 
     g = _shared_expensive_child()
     cg = compact(g)
@@ -421,7 +421,8 @@ def test_need_rows_tighten_the_lp_relaxation() -> None:
     import numpy as np
     from scipy.optimize import milp
 
-    from optimus_eqsat.extract.ilp import _build, reduce_for_ilp
+    from optimus_eqsat.extract.ilp_model import _build
+    from optimus_eqsat.extract.ilp_reduce import reduce_for_ilp
 
     g = _shared_expensive_child()
     cg = reduce_for_ilp(compact(g))
@@ -439,7 +440,7 @@ def test_need_rows_tighten_the_lp_relaxation() -> None:
 
 
 def test_root_needs_are_fixed() -> None:
-    from optimus_eqsat.extract.ilp import _build
+    from optimus_eqsat.extract.ilp_model import _build
 
     # Root R = {a(P), b(Q)}, both need E: y_E has lower bound 1.
     g = _shared_expensive_child()
@@ -468,7 +469,8 @@ def test_random_graphs_ilp_with_and_without_need_rows_agree() -> None:
 
 
 def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
-    from optimus_eqsat.extract.ilp import _cycle_conflicts, _needs, _node_needs
+    from optimus_eqsat.extract.ilp_model import _cycle_conflicts
+    from optimus_eqsat.extract.ilp_needs import _needs, _node_needs
 
     # X = {cat(L) 5, x 10}; L = {cons(A, B) 0, cons(C, B) 0}; A = {s0(X) 0, a 10};
     # B = {s1(X) 0, b 10}; C = {c 10}. Under cat, B is always there (both
@@ -502,7 +504,7 @@ def _class_graph(cg):
 def test_hubs_are_a_feedback_vertex_set_holding_their_cycles() -> None:
     import networkx as nx
 
-    from optimus_eqsat.extract.ilp import _arcs, _hubs
+    from optimus_eqsat.extract.ilp_model import _arcs, _hubs
 
     rng = random.Random(3)
     checked = 0
@@ -569,7 +571,7 @@ def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
     import numpy as np
     from scipy.optimize import milp
 
-    from optimus_eqsat.extract.ilp import _Model, _arcs, _hubs, _reach_rows
+    from optimus_eqsat.extract.ilp_model import _Model, _arcs, _hubs, _reach_rows
 
     # X = {cat(L) 0, x 10}; L = {cons(A) 0}; A = {s(X) 0, a 10}: without acyclicity
     # rows the MIP takes the free cycle X -> L -> A -> X.

@@ -1,6 +1,6 @@
 """Differential fuzzing: random FX graphs through ``optimize_graph`` vs eager.
 
-For every generated program (tests/graphgen.py) the optimized module must
+For every generated program (tests/graphgen/) the optimized module must
 compute the same outputs and the same gradients (w.r.t. float inputs and
 parameters, for a random upstream gradient) as the original, must leave the
 original module and the example inputs untouched, and must lint.

@@ -1,4 +1,4 @@
-"""Tests of the random FX-graph generator itself (tests/graphgen.py).
+"""Tests of the random FX-graph generator itself (tests/graphgen/).
 
 The fuzzer is only as good as its generator: graphs must be valid, runnable,
 differentiable, deterministic per seed, and must actually contain the op

@@ -19,7 +19,7 @@ def test_wheel_contains_rewrites_extract_and_backend_entry_point(tmp_path):
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ("optimus_eqsat/language.egg", "optimus_eqsat/rewrites/splitcat.egg",
-                     "optimus_eqsat/rewrites/batching.py", "optimus_eqsat/extract/ilp.py",
+                     "optimus_eqsat/rewrites/batching/__init__.py", "optimus_eqsat/rewrites/splitcat_runs.egg", "optimus_eqsat/extract/ilp.py",
                      "optimus_eqsat/extract/fx_cost.py"):
         assert required in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

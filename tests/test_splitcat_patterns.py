@@ -1,8 +1,8 @@
-"""One row per Inductor split/cat Optimus pattern (shared/OPTIMUS_PATTERNS.md):
+"""One row per Inductor split/cat Optimus pattern (the coverage table of rewrites/README.md):
 the pattern as a torch function, what must remain after optimization, and a
 numeric check (forward and gradients) against eager.
 
-The same table is in rewrites/SPLITCAT.md with the rules that cover each row.
+The same table is in rewrites/README.md with the rules that cover each row.
 """
 
 from __future__ import annotations

@@ -6,16 +6,17 @@ import itertools
 
 from optimus_eqsat import rewrites
 from optimus_eqsat.saturate import EGraphSession, Limits
-from optimus_eqsat.terms import MAX_INLINE_LIST, cons_list, vec
+from optimus_eqsat.term import (MAX_INLINE_LIST, Cat, Fact, Id, KnownShape, Leaf, ListFacts, ListTerm, LId,
+                                Union, cons_list)
 
 
-def _list_facts(n: int, sizes: list[int] | None) -> tuple[list[str], str]:
-    facts: list[str] = []
+def _list_facts(n: int, sizes: list[int] | None) -> tuple[list[Fact], ListTerm]:
+    facts: list[Fact] = []
     ids = itertools.count(1000)
     for i, width in enumerate([1 + i % 3 for i in range(n)]):
-        facts += [f"(union (Id {i}) (Leaf {i}))", f"(set (shape (Id {i})) {vec((2, width))})"]
-    head = cons_list([f"(Id {i})" for i in range(n)], 1, facts.append, lambda: next(ids), sizes)
-    facts.append(f"(union (Id 999) (Cat {head}))")
+        facts += [Union(Id(i), Leaf(i)), KnownShape(Id(i), (2, width))]
+    head = cons_list([Id(i) for i in range(n)], 1, facts.append, lambda: next(ids), sizes)
+    facts.append(Union(Id(999), Cat(head)))
     return facts, head
 
 
@@ -23,13 +24,14 @@ def test_seeded_chunks_carry_dim_and_suffix_size():
     n = 3 * MAX_INLINE_LIST + 5
     sizes = [1 + i % 3 for i in range(n)]
     facts, _ = _list_facts(n, sizes)
-    seeds = [f for f in facts if f.startswith("(set (lsize")]
+    seeds = [f for f in facts if isinstance(f, ListFacts)]
     assert len(seeds) == 3  # one per named chunk; the head chunk stays inline
     # named from the end: first the last 5 items, last the suffix after the head chunk
-    assert seeds[0].endswith(f" {sum(sizes[3 * MAX_INLINE_LIST:])})")
-    assert seeds[-1].endswith(f" {sum(sizes[MAX_INLINE_LIST:])})")
-    assert all(f"(set (ldim (LId {k})) 1)" in facts for k in range(1000, 1003))
-    assert not any(f.startswith("(set (l") for f in _list_facts(n, None)[0])
+    assert seeds[0].size == sum(sizes[3 * MAX_INLINE_LIST:])
+    assert seeds[-1].size == sum(sizes[MAX_INLINE_LIST:])
+    assert [(f.name, f.dim) for f in seeds] == [(LId(k), 1) for k in range(1000, 1003)]
+    assert seeds[0].render() == f"(set (ldim (LId 1000)) 1)\n(set (lsize (LId 1000)) {seeds[0].size})"
+    assert not any(isinstance(f, ListFacts) for f in _list_facts(n, None)[0])
 
 
 def test_seeded_sizes_agree_with_the_shape_rules():

@@ -1,6 +1,6 @@
 """E-nodes as text, and the original term of every FX node inside the e-graph.
 
-Every FX node i was loaded as ``(union (Id i) TERM)``; :class:`TermIndex` finds
+Every FX node i was loaded as ``Union(Id(i), TERM)``; :class:`TermIndex` finds
 that TERM's e-node again in the saturated e-graph (by constructor and
 canonical children), so "what was there" and "what was chosen" can be put side
 by side.
@@ -12,18 +12,9 @@ from typing import Iterable
 
 from ..egraph_export import ClassRef, ExportedEGraph, TermNode
 from ..translate import Translation
-from .sexpr import read_forms
+from ..term import CTORS, Id, ListTerm, Term
 
 MAX_LIST_SHOWN = 8
-
-
-def _atom(a: str):
-    if a.startswith('"'):
-        return a[1:-1]
-    try:
-        return int(a)
-    except ValueError:
-        return float(a)
 
 
 class TermIndex:
@@ -32,26 +23,15 @@ class TermIndex:
     def __init__(self, translation: Translation, egraph: ExportedEGraph):
         self.t, self.eg = translation, egraph
         self._by_key: dict[tuple, int] | None = None
-        self._terms: dict[int, list] | None = None
 
     def _key_index(self) -> dict[tuple, int]:
         if self._by_key is None:
             self._by_key = {(n.ctor, n.args): c for c, nodes in enumerate(self.eg.classes) for n in nodes}
         return self._by_key
 
-    def _facts(self) -> dict[int, list]:
-        if self._terms is None:
-            self._terms = {}
-            for fact in self.t.facts:
-                if not fact.startswith("(union (Id "):
-                    continue
-                (value,) = (f.value for f in read_forms(fact))
-                self._terms[int(value[1][1])] = value[2]
-        return self._terms
-
-    def original_term(self, fx_index: int) -> list | None:
-        """The s-expression loaded for FX node ``fx_index`` (None if it had none)."""
-        return self._facts().get(fx_index)
+    def original_term(self, fx_index: int) -> Term | None:
+        """The term loaded for FX node ``fx_index`` (None if it had none)."""
+        return self.t.terms.get(fx_index)
 
     def original_enode(self, fx_index: int) -> tuple[int, int] | None:
         """``(class, index in egraph.classes[class])`` of the loaded term, if still present."""
@@ -69,28 +49,25 @@ class TermIndex:
         index, cls = self._key_index(), self.eg.class_of_id
         done: dict[int, object] = {}
         out: list[tuple[int, int]] = []
-        stack = [(term, False)]  # post-order over the nested term; each list resolves to a ClassRef
+        stack: list[tuple[object, bool]] = [(term, False)]  # post-order; each sub-term resolves to a ClassRef
         while stack:
             v, expanded = stack.pop()
-            if not isinstance(v, list):
+            if not isinstance(v, (Term, ListTerm)):
                 continue
+            if isinstance(v, Id):
+                done[id(v)] = ClassRef(cls[v.i]) if v.i in cls else None
+                continue
+            values = [getattr(v, f) for f in CTORS[v.ctor].field_names]
             if not expanded:
                 stack.append((v, True))
-                stack.extend((x, False) for x in v[1:] if isinstance(x, list))
+                stack.extend((x, False) for x in values if isinstance(x, (Term, ListTerm)))
                 continue
-            head, rest = v[0], v[1:]
-            if head == "Id":
-                done[id(v)] = ClassRef(cls[int(rest[0])]) if int(rest[0]) in cls else None
-                continue
-            if head == "vec-of":
-                done[id(v)] = tuple(int(x) for x in rest)
-                continue
-            args = tuple(done.get(id(x)) if isinstance(x, list) else _atom(x) for x in rest)
-            c = index.get((head, args))
+            args = tuple(done.get(id(x)) if isinstance(x, (Term, ListTerm)) else x for x in values)
+            c = index.get((v.ctor, args))
             if c is None:
                 return []
             done[id(v)] = ClassRef(c)
-            out.append((c, self.eg.classes[c].index(TermNode(head, args))))
+            out.append((c, self.eg.classes[c].index(TermNode(v.ctor, args))))
         return out
 
 

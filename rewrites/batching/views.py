@@ -27,27 +27,27 @@ its length; the e-graph then only sees a few terms per run.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Hashable
 
-from ..terms import cons_list, vec
-from ..translate import Translation
+from ...term import Cat, Fact, Id, Permute, Reshape, Slice, Term, Union, cons_list
+from ...translate import Translation
 
-_ID = re.compile(r"^\(Id (\d+)\)$")
-_SLICE = re.compile(r"^\(Slice \(Id (\d+)\) (\d+) (\d+) (\d+)\)$")
-_RESHAPE = re.compile(r"^\(Reshape (.*) \(vec-of ([\d ]+)\)\)$")
-
-Slot = tuple[str, int]  # (batched term, position of the member in it)
+Slot = tuple[Hashable, int]  # (batched term, position of the member in it)
 # Writes a run's stack term: given where to emit list-naming facts and fresh list ids.
-StackBuilder = Callable[[Callable[[str], None], Callable[[], int]], str]
+StackBuilder = Callable[[Callable[[Fact], None], Callable[[], int]], Term]
+
+
+def _slice_of_node(term: object) -> Slice | None:
+    """``term`` when it is a slice of a whole FX value (``Slice(Id i, ...)``)."""
+    return term if isinstance(term, Slice) and isinstance(term.x, Id) else None
 
 
 @dataclass(frozen=True)
 class Item:
-    """One list member: its term as written, its shape, and what it is a view of."""
+    """One list member: its term, its shape, and what it is a view of."""
 
-    text: str
+    term: Term
     shape: tuple[int, ...] | None
     slot: Slot | None = None  # a member of a batched group
     piece: tuple[int, int, int, int] | None = None  # (source id, dim, start, end): a slice of a node
@@ -55,31 +55,30 @@ class Item:
 
 def _piece(t: Translation, source: int, dim: int, start: int, end: int) -> tuple[int, int, int, int]:
     """Compose slices of slices on one dim down to the first source that is not one."""
-    while (m := _SLICE.match(t.terms.get(source, ""))) and int(m.group(2)) == dim:
-        source, start, end = int(m.group(1)), start + int(m.group(3)), end + int(m.group(3))
+    while (s := _slice_of_node(t.terms.get(source))) is not None and s.dim == dim:
+        source, start, end = s.x.i, start + s.start, end + s.start
     return source, dim, start, end
 
 
-def make_item(t: Translation, text: str, slot_of: dict[int, Slot], shape: tuple[int, ...] | None = None) -> Item:
-    """Read ``text`` (``(Id i)``, a slice of a node, either reshaped) as an :class:`Item`.
-
-    ``shape`` overrides the item's own (a stack pads operands on the left)."""
-    inner, own = text, None
-    if m := _RESHAPE.match(text):
-        inner, own = m.group(1), tuple(int(v) for v in m.group(2).split())
+def make_item(t: Translation, term: Term, slot_of: dict[int, Slot], shape: tuple[int, ...] | None = None) -> Item:
+    """Read ``term`` (an ``Id``, a slice of one, either reshaped to a non-empty shape) as an
+    :class:`Item`. ``shape`` overrides the item's own (a stack pads operands on the left)."""
+    inner, own = term, None
+    if isinstance(term, Reshape) and term.shape:
+        inner, own = term.x, term.shape
     slot = piece = None
-    if m := _ID.match(inner):
-        i = int(m.group(1))
+    if isinstance(inner, Id):
+        i = inner.i
         own = own or t.shapes.get(i)
         slot = slot_of.get(i)
-        if sm := _SLICE.match(t.terms.get(i, "")):
-            piece = _piece(t, *(int(v) for v in sm.groups()))
-    elif m := _SLICE.match(inner):
-        src, dim, start, end = (int(v) for v in m.groups())
+        if (s := _slice_of_node(t.terms.get(i))) is not None:
+            piece = _piece(t, s.x.i, s.dim, s.start, s.end)
+    elif (s := _slice_of_node(inner)) is not None:
+        src, dim, start, end = s.x.i, s.dim, s.start, s.end
         if own is None and src in t.shapes:
             own = t.shapes[src][:dim] + (end - start,) + t.shapes[src][dim + 1 :]
         piece = _piece(t, src, dim, start, end)
-    return Item(text, shape or own, slot, piece)
+    return Item(term, shape or own, slot, piece)
 
 
 def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
@@ -160,13 +159,13 @@ def find_runs(t: Translation, items: list[Item]) -> list[Run]:
 def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]) -> StackBuilder:
     p = len(cycle)
 
-    def build(emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:
+    def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
         if p == 1:
             term, k = cycle[0]
-            return f"(Reshape (Slice {term} 0 {k} {k + length}) {vec((length,) + shape)})"
+            return Reshape(Slice(term, 0, k, k + length), (length,) + shape)
         full = length // p
-        parts = [f"(Reshape (Slice {term} 0 {k} {k + full}) {vec((full, 1) + shape)})" for term, k in cycle]
-        return f"(Reshape (Cat {cons_list(parts, 1, emit, new_list_id, [1] * p)}) {vec((length,) + shape)})"
+        parts: list[Term] = [Reshape(Slice(term, 0, k, k + full), (full, 1) + shape) for term, k in cycle]
+        return Reshape(Cat(cons_list(parts, 1, emit, new_list_id, [1] * p)), (length,) + shape)
 
     return build
 
@@ -175,48 +174,47 @@ def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int],
                    shape: tuple[int, ...]) -> StackBuilder:
     src, dim, a0, b0 = piece
 
-    def build(emit: Callable[[str], None], new_list_id: Callable[[], int]) -> str:
-        window = f"(Slice (Id {src}) {dim} {a0} {a0 + length * stride})"
-        rows = f"(Reshape {window} {vec(src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])})"
+    def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
+        window = Slice(Id(src), dim, a0, a0 + length * stride)
+        rows = Reshape(window, src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])
         perm = (dim,) + tuple(range(dim)) + tuple(range(dim + 1, len(src_shape) + 1))
-        picked = f"(Permute (Slice {rows} {dim + 1} 0 {b0 - a0}) {vec(perm)})"
-        return f"(Reshape {picked} {vec((length,) + shape)})"
+        picked = Permute(Slice(rows, dim + 1, 0, b0 - a0), perm)
+        return Reshape(picked, (length,) + shape)
 
     return build
 
 
-def stack_terms(t: Translation, items: list[Item], emit: Callable[[str], None]) -> list[str]:
+def stack_terms(t: Translation, items: list[Item], emit: Callable[[Fact], None]) -> list[Term]:
     """Equal terms for ``torch.stack(items)`` (all of one shape): a view per run and a
     unit-dim reshape per other item; and, when a run holds group members, the plain
     stack of the items too, so the extractor may still compute those one by one
     (their group need not be batched for this stack to be)."""
     runs = find_runs(t, items)
 
-    def single(item: Item, shape: tuple[int, ...]) -> str:
-        return f"(Reshape {item.text} {vec((1,) + shape)})"
+    def single(item: Item, shape: tuple[int, ...]) -> Term:
+        return Reshape(item.term, (1,) + shape)
 
     parts = [r.build(emit, t.new_list_id) if r.build else single(items[r.start], r.shape) for r in runs]
     sizes = [r.stop - r.start for r in runs]
-    terms = [parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, 0, emit, t.new_list_id, sizes)})"]
+    terms = [parts[0] if len(parts) == 1 else Cat(cons_list(parts, 0, emit, t.new_list_id, sizes))]
     if any(r.members for r in runs):
         plain = [single(it, runs[0].shape) for it in items]
-        terms.append(f"(Cat {cons_list(plain, 0, emit, t.new_list_id, [1] * len(plain))})")
+        terms.append(Cat(cons_list(plain, 0, emit, t.new_list_id, [1] * len(plain))))
     return terms
 
 
-def _flat_items(t: Translation, cat: int, dim: int) -> list[str]:
+def _flat_items(t: Translation, cat: int, dim: int) -> list[Term]:
     """The cat's items, nested cats on the same dim expanded in place (iteratively: an
     accumulation chain of cats can be deeper than Python's recursion limit)."""
-    out: list[str] = []
+    out: list[Term] = []
     pending = list(reversed(t.cats[cat][0]))
     while pending:
-        text = pending.pop()
-        m = _ID.match(text)
-        inner = int(m.group(1)) if m else None
+        term = pending.pop()
+        inner = term.i if isinstance(term, Id) else None
         if inner is not None and inner in t.cats and t.cats[inner][1] == dim and t.status.get(inner) == "term":
             pending.extend(reversed(t.cats[inner][0]))
         else:
-            out.append(text)
+            out.append(term)
     return out
 
 
@@ -226,10 +224,10 @@ def _only_inside_a_cat(t: Translation, cat: int, dim: int) -> bool:
         return False
     outer = t.index.get(users[0])
     return (outer in t.cats and t.cats[outer][1] == dim and t.status.get(outer) == "term"
-            and f"(Id {cat})" in t.cats[outer][0])  # flattened into it by _flat_items
+            and Id(cat) in t.cats[outer][0])  # flattened into it by _flat_items
 
 
-def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[str], None]) -> int:
+def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[Fact], None]) -> int:
     """Union every cat having a member or strided run with the cat of its runs' views.
 
     Runs of adjacent slices along the cat's own dim are left to the cat-run rules.
@@ -239,22 +237,23 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[s
     for cat, (_, dim) in t.cats.items():
         if t.status.get(cat) != "term" or _only_inside_a_cat(t, cat, dim):
             continue  # an inner cat is covered by its outer one (and a chain of n is not flattened n times)
-        items = [make_item(t, text, slot_of) for text in _flat_items(t, cat, dim)]
+        items = [make_item(t, term, slot_of) for term in _flat_items(t, cat, dim)]
         runs = find_runs(t, items)
         if all(r.build is None or r.contiguous_piece == dim for r in runs):
             continue
-        parts, sizes = [], []
+        parts: list[Term] = []
+        sizes: list[int | None] = []
         for r in runs:
             length, s = r.stop - r.start, r.shape
             sizes.append(length * s[dim] if s is not None else None)
             if r.build is None:
-                parts.append(items[r.start].text)
+                parts.append(items[r.start].term)
                 continue
             perm = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, len(s) + 1))
             merged = s[:dim] + (length * s[dim],) + s[dim + 1 :]
-            parts.append(f"(Reshape (Permute {r.build(emit, t.new_list_id)} {vec(perm)}) {vec(merged)})")
+            parts.append(Reshape(Permute(r.build(emit, t.new_list_id), perm), merged))
         known = None if None in sizes else sizes
-        whole = parts[0] if len(parts) == 1 else f"(Cat {cons_list(parts, dim, emit, t.new_list_id, known)})"
-        emit(f"(union (Id {cat}) {whole})")
+        whole = parts[0] if len(parts) == 1 else Cat(cons_list(parts, dim, emit, t.new_list_id, known))
+        emit(Union(Id(cat), whole))
         added += 1
     return added

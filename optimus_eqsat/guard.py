@@ -1,0 +1,172 @@
+"""Never slower, measured: compile the candidates, time them side by side, keep the fastest.
+
+The cost model predicts; this module checks. Each candidate program (the
+original graph and the optimizer's choice) is compiled with Inductor and run on
+the example inputs in interleaved rounds: every round runs each program a few
+steps in a rotating order, and the ratio to the original is taken per round
+(the machine's drift hits both alike). The optimized program is kept only when
+it is faster beyond the noise: its median ratio below ``1 - margin`` and its
+75th percentile below 1. Otherwise the original is kept.
+
+A step is what the user pays: the forward in inference, forward and backward
+in training. The user's state is left alone: gradients are returned by
+``torch.autograd.grad`` (nothing accumulates into ``.grad``), inputs the graph
+writes to are cloned, and the RNG state is restored after timing.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from .normalize import canonical_name
+from .translate import VIEW_OPS, is_mutating
+
+log = logging.getLogger("optimus_eqsat")
+
+Program = Callable[..., Any]
+
+
+@dataclass
+class GuardResult:
+    """What the measurement found (``OptimizeReport.measured``)."""
+
+    kept: str  # name of the program kept
+    step_s: dict[str, float]  # median step seconds per program
+    ratio: float  # optimized / original, median of the per-round ratios
+    ratio_p25: float
+    ratio_p75: float
+    rounds: int
+    compile_s: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+    def summary(self) -> str:
+        times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
+        return (f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] "
+                f"over {self.rounds} rounds: kept {self.kept}")
+
+
+def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of the placeholders the graph writes to (in place, or through a view)."""
+    placeholders = {n: k for k, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    written = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module") or not is_mutating(gm, node):
+            continue
+        base = node.args[0] if node.args else None
+        while isinstance(base, torch.fx.Node) and base.op != "placeholder" and canonical_name(base) in VIEW_OPS:
+            base = base.args[0] if base.args and isinstance(base.args[0], torch.fx.Node) else None
+        if isinstance(base, torch.fx.Node) and base in placeholders:
+            written.add(placeholders[base])
+    return written
+
+
+def _sync(inputs: Sequence[Any]) -> None:
+    if torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+        torch.cuda.synchronize()
+
+
+def _flat_tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flat_tensors(o)]
+    return []
+
+
+def step_function(program: Program, inputs: Sequence[Any], training: bool) -> Callable[[], None]:
+    """One step of ``program``: the forward, and in training the gradients of every input
+    that requires grad (parameters included) by ``torch.autograd.grad``, so nothing
+    accumulates into the user's ``.grad``."""
+    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def step() -> None:
+        out = program(*inputs)
+        if training and wrt:
+            outs = [o for o in _flat_tensors(out) if o.requires_grad]
+            if outs:
+                loss = sum(o.float().sum() for o in outs)
+                torch.autograd.grad(loss, wrt, allow_unused=True)
+        _sync(inputs)
+
+    return step
+
+
+def _time(step: Callable[[], None], repeats: int) -> float:
+    """Median seconds of ``repeats`` steps."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], budget_s: float = 1.0, min_rounds: int = 5,
+                     max_rounds: int = 60, warmup: int = 2) -> dict[str, list[float]]:
+    """Per-round median step seconds of every program, in interleaved rounds.
+
+    Each round runs every program ``repeats`` steps (enough for about a millisecond), in
+    an order that rotates from round to round; rounds continue until ``budget_s`` is
+    spent (at least ``min_rounds``, at most ``max_rounds``)."""
+    names = list(steps)
+    for name in names:
+        for _ in range(warmup):
+            steps[name]()
+    one = {name: _time(steps[name], 1) for name in names}
+    repeats = {name: max(1, min(20, int(1e-3 / max(one[name], 1e-6)))) for name in names}
+    rounds: dict[str, list[float]] = {name: [] for name in names}
+    start = time.perf_counter()
+    r = 0
+    while r < max_rounds and (r < min_rounds or time.perf_counter() - start < budget_s):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            rounds[name].append(_time(steps[name], repeats[name]))
+        r += 1
+    return rounds
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    pos = q * (len(values) - 1)
+    lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin: float = 0.01) -> GuardResult:
+    """Keep ``candidate`` only when it is faster than ``baseline`` beyond the noise."""
+    ratios = [c / b for c, b in zip(rounds[candidate], rounds[baseline])]
+    median, p25, p75 = statistics.median(ratios), _quantile(ratios, 0.25), _quantile(ratios, 0.75)
+    faster = median < 1 - margin and p75 < 1
+    kept = candidate if faster else baseline
+    reason = ("faster beyond the noise" if faster else
+              "not faster beyond the noise" if median < 1 else "slower")
+    return GuardResult(kept, {k: statistics.median(v) for k, v in rounds.items()}, median, p25, p75,
+                       len(ratios), reason=reason)
+
+
+def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                       training: bool, baseline: str = "original", candidate: str = "optimized",
+                       budget_s: float = 1.0, margin: float = 0.01) -> GuardResult:
+    """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
+    choose between ``baseline`` and ``candidate``. The RNG state is restored afterwards and
+    inputs the graph writes to are cloned first."""
+    written = mutated_placeholders(gm)
+    inputs = [x.detach().clone().requires_grad_(x.requires_grad) if k in written and isinstance(x, torch.Tensor)
+              else x for k, x in enumerate(example_inputs)]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        steps = {name: step_function(p, inputs, training) for name, p in programs.items()}
+        rounds = time_interleaved(steps, budget_s=budget_s)
+    finally:
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return choose(rounds, baseline, candidate, margin)

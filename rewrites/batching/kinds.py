@@ -1,0 +1,48 @@
+"""The table of batch kinds: one small class per kind of batching.
+
+A kind says which candidates may be batched together (its fusion key: equal
+keys may share one batched term), how a group is built (facts that add the
+batched term and union each member with its part of it), and whether it can
+pay under a device profile at all (checked before building). The cost model
+then prices the batched alternative like any other term, and the extractor
+decides. To add a kind: subclass :class:`BatchKind` in a module of this
+package, decorate it with :func:`register`, and import the module in
+``__init__.py`` (registration order is the order keys are computed in, which
+fixes the order groups are built in).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ...translate import Translation
+from .builder import BatchBuilder
+from .candidates import Candidate
+
+
+class BatchKind:
+    """One kind of batching. Reported as ``batch-<name>`` (report.batched, refine)."""
+
+    name: ClassVar[str]
+
+    def key(self, t: Translation, c: Candidate) -> tuple | None:
+        """Candidates with equal keys may be batched together; None: not this kind."""
+        raise NotImplementedError
+
+    def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
+        """Add the group's batched alternative to ``b``; False when the kind declines the group."""
+        raise NotImplementedError
+
+    def can_pay(self, profile: Any, n: int) -> bool:
+        """Whether a group of ``n`` can cost less than its members under ``profile`` (None:
+        assume it can). A necessary condition only, checked before building."""
+        return True
+
+
+KINDS: list[BatchKind] = []
+
+
+def register(cls: type[BatchKind]) -> type[BatchKind]:
+    """Add a kind to the table (one instance; kinds hold no state)."""
+    KINDS.append(cls())
+    return cls

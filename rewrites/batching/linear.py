@@ -1,0 +1,151 @@
+"""Linears -> one matmul: same shapes (bmm), ragged input widths (padded bmm), one shared input.
+
+  batch_linear (Inductor 22, 27)      same-shaped linears -> one bmm over stacked operands
+  batch_linear_lhs (23)               linears sharing one input -> one linear on concatenated weights
+  (not in Inductor) linear_padk       one output width, any input widths -> one bmm over inputs and
+                                      weights zero-padded to the widest input
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+from ...opspec import MATMUL, POINTWISE, OpSpec, Slot
+from ...term import Binary, Cat, Id, Op1, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
+from ...translate import Translation
+from .builder import BatchBuilder
+from .candidates import Candidate, shapes_known
+from .kinds import BatchKind, register
+
+LINEAR_KEYS = ("linear", "linear_b")
+
+
+def _is_linear(t: Translation, c: Candidate) -> bool:
+    """A linear (with or without bias) of a 2-D weight, all shapes known."""
+    return c.key in LINEAR_KEYS and shapes_known(t, c) and len(t.shapes[c.operands[1]]) == 2
+
+
+def stacked_linear(b: BatchBuilder, group: list[Candidate], stacked_x: Id, stacked_w: Id) -> None:
+    """The group's linears as one bmm of ``stacked_x`` [n, m, k] by ``stacked_w`` [n, N, k]
+    transposed, plus the stacked biases; each member is its slice of the result."""
+    t, c0 = b.t, group[0]
+    n, m, n_out = len(group), math.prod(t.shapes[c0.operands[0]][:-1]), t.shapes[c0.operands[1]][0]
+    mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
+    y = b.new(Op2(mm, stacked_x, Permute(stacked_w, (0, 2, 1))), (n, m, n_out))
+    if c0.key == "linear_b":
+        stacked_b, _ = b.stack([c.operands[2] for c in group], 2)  # [n, 1, N]
+        add = t.registry.add_named("add", OpSpec("call_function", torch.add, (Slot(0), Slot(1)), (), POINTWISE))
+        y = b.new(Binary(add, y, stacked_b), (n, m, n_out))
+    b.unstack(y, [c.node for c in group])
+
+
+@register
+class Linear(BatchKind):
+    """linear_i(x_i, w_i, b_i) -> bmm(stack(x), stack(w)^T) + stack(b): one extern kernel."""
+
+    name = "linear"
+
+    def key(self, t: Translation, c: Candidate) -> tuple | None:
+        if not _is_linear(t, c):
+            return None
+        return ("linear", c.key, tuple(t.shapes[o] for o in c.operands), t.dtypes.get(c.node))
+
+    def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
+        t, c0 = b.t, group[0]
+        x_shape, k = t.shapes[c0.operands[0]], t.shapes[c0.operands[1]][1]
+        stacked, _ = b.stack([c.operands[0] for c in group], len(x_shape))
+        stacked_x = b.new(Reshape(stacked, (len(group), math.prod(x_shape[:-1]), k)))  # [n, m, k]
+        stacked_linear(b, group, stacked_x, b.stack([c.operands[1] for c in group], 2)[0])
+        return True
+
+
+@register
+class LinearLhs(BatchKind):
+    """linear(x, w_i, b_i) -> linear(x, cat(w), cat(b)) sliced along the last dim: one kernel."""
+
+    name = "linear_lhs"
+
+    def key(self, t: Translation, c: Candidate) -> tuple | None:
+        if not _is_linear(t, c):
+            return None
+        return ("linear_lhs", c.key, c.operands[0], t.dtypes.get(c.node))
+
+    def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
+        t, c0 = b.t, group[0]
+        x = c0.operands[0]
+        widths = [t.shapes[c.operands[1]][0] for c in group]
+        weights: list[Term] = [Id(c.operands[1]) for c in group]
+        w = b.new(Cat(cons_list(weights, 0, b.facts.append, t.new_list_id, widths)))
+        out_shape = t.shapes[x][:-1] + (sum(widths),)
+        if c0.key == "linear_b":
+            biases: list[Term] = [Id(c.operands[2]) for c in group]
+            bias = b.new(Cat(cons_list(biases, 0, b.facts.append, t.new_list_id, widths)))
+            y = b.new(Op3(c0.key, Id(x), w, bias), out_shape)
+        else:
+            y = b.new(Op2(c0.key, Id(x), w), out_shape)
+        b.record(y, [c.node for c in group])
+        last, start = len(out_shape) - 1, 0
+        for c, width in zip(group, widths):
+            b.facts.append(Union(Id(c.node), Slice(y, last, start, start + width)))
+            start += width
+        return True
+
+
+@register
+class LinearPadK(BatchKind):
+    """linear_i(x_i, w_i, b_i), K_i ragged -> bmm(cat(pad(stack(x))), cat(pad(stack(w)))^T) + stack(b).
+
+    Linears of one output width and batch shape but any input width K may share one
+    bmm over inputs and weights zero-padded along K to the widest. Optimus' batch_linear
+    needs equal shapes, and on CPU group_linear is a loop: this is what makes the ragged
+    feature projections of a dynamic-schema model one kernel. Members are ordered by K,
+    then graph order, so each width class stacks as a run (a view of its batched producer)
+    and is padded once. Zero columns of x meet zero columns of w, so every product is
+    unchanged. Groups of one width are left to :class:`Linear`.
+    """
+
+    name = "linear_padk"
+
+    def key(self, t: Translation, c: Candidate) -> tuple | None:
+        if not _is_linear(t, c):
+            return None
+        x_shape, (n_out, _) = t.shapes[c.operands[0]], t.shapes[c.operands[1]]
+        return ("linear_padk", c.key, x_shape[:-1], n_out, t.dtypes.get(c.node))
+
+    def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
+        t = b.t
+        ks = {c.node: t.shapes[c.operands[1]][1] for c in group}
+        if len(set(ks.values())) < 2:
+            return False
+        kmax = max(ks.values())
+        group = sorted(group, key=lambda c: (ks[c.node], c.node))
+        lead = t.shapes[group[0].operands[0]][:-1]
+        m = math.prod(lead)
+        classes: dict[int, list[Candidate]] = defaultdict(list)
+        for c in group:
+            classes[ks[c.node]].append(c)
+
+        def padded(stacked: Id, shape: tuple[int, ...]) -> Id:
+            if shape[-1] == kmax:
+                return stacked
+            pad = t.registry.register(OpSpec("call_function", F.pad, (Slot(0), (0, kmax - shape[-1])), (),
+                                             POINTWISE))
+            return b.new(Op1(pad, stacked), shape[:-1] + (kmax,))
+
+        xs: list[Term] = []
+        ws: list[Term] = []
+        for k, members in classes.items():
+            sx, _ = b.stack([c.operands[0] for c in members], len(lead) + 1)
+            xs.append(padded(b.new(Reshape(sx, (len(members), m, k))), (len(members), m, k)))
+            sw, shape_w = b.stack([c.operands[1] for c in members], 2)
+            ws.append(padded(sw, shape_w))
+        counts = [len(members) for members in classes.values()]
+        n_out = t.shapes[group[0].operands[1]][0]
+        stacked_x = b.new(Cat(cons_list(xs, 0, b.facts.append, t.new_list_id, counts)), (len(group), m, kmax))
+        stacked_w = b.new(Cat(cons_list(ws, 0, b.facts.append, t.new_list_id, counts)), (len(group), n_out, kmax))
+        stacked_linear(b, group, stacked_x, stacked_w)
+        return True

@@ -1,0 +1,124 @@
+"""The measured guard: time programs side by side, keep the optimized one only when faster."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+from optimus_eqsat.guard import choose, measure_and_choose, mutated_placeholders, step_function, time_interleaved
+
+
+def _rounds(base: list[float], factor: list[float]) -> dict[str, list[float]]:
+    return {"original": base, "optimized": [b * f for b, f in zip(base, factor)]}
+
+
+def test_a_clearly_faster_candidate_is_kept():
+    result = choose(_rounds([1.0] * 9, [0.8] * 9), "original", "optimized")
+    assert result.kept == "optimized" and result.ratio == pytest.approx(0.8)
+    assert result.ratio_p25 == result.ratio_p75 == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("factors", [[1.0] * 9, [0.995] * 9, [1.1] * 9, [0.7, 0.8, 0.9, 1.1, 1.2, 1.3, 0.95, 1.05, 1.02]])
+def test_equal_slower_or_noisy_candidates_keep_the_original(factors):
+    result = choose(_rounds([1.0 + 0.01 * k for k in range(9)], factors), "original", "optimized")
+    assert result.kept == "original", result
+
+
+def test_rounds_interleave_and_respect_their_bounds():
+    calls: list[str] = []
+    steps = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    rounds = time_interleaved(steps, budget_s=0.0, min_rounds=4, max_rounds=4, warmup=0)
+    assert all(len(v) == 4 for v in rounds.values())
+    timed = calls[3:]  # after the one-step probe of each
+    firsts = {timed[i * len(timed) // 4] for i in range(4)}
+    assert len(firsts) > 1  # the order rotates from round to round
+
+
+class _Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x):
+        self.steps.add_(1)  # a buffer the graph writes to
+        return torch.relu(self.lin(x)) * torch.rand(4)
+
+
+def test_measuring_leaves_gradients_buffers_and_rng_alone():
+    model = _Counter()
+    gm = torch.fx.symbolic_trace(model)
+    x = torch.randn(3, 4)
+    before = torch.get_rng_state()
+    result = measure_and_choose({"original": gm, "optimized": gm}, gm, [x], training=True, budget_s=0.05)
+    assert result.rounds >= 5
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_inputs_the_graph_writes_to_are_found_and_cloned():
+    def writes_first(a, b):
+        a.add_(1)
+        return a * b
+
+    gm = torch.fx.symbolic_trace(writes_first)
+    assert mutated_placeholders(gm) == {0}
+    a, b = torch.zeros(3), torch.ones(3)
+    measure_and_choose({"original": gm, "optimized": gm}, gm, [a, b], training=False, budget_s=0.01)
+    assert torch.equal(a, torch.zeros(3))
+
+
+def test_training_step_differentiates_every_input_that_requires_grad():
+    w = torch.randn(4, 4, requires_grad=True)
+    seen = []
+
+    def program(x, w):
+        out = x @ w
+        out.register_hook(lambda g: seen.append(g.shape))
+        return out
+
+    step_function(program, [torch.randn(2, 4), w], training=True)()
+    assert seen == [torch.Size([2, 4])] and w.grad is None
+
+
+def test_a_much_slower_program_is_measured_slower():
+    fast = lambda x: x + 1  # noqa: E731
+    slow = lambda x: (time.sleep(0.1), x + 1)[1]  # noqa: E731  far above a loaded machine's noise
+    gm = torch.fx.symbolic_trace(fast)
+    result = measure_and_choose({"original": fast, "optimized": slow}, gm, [torch.ones(2)], training=False,
+                                budget_s=0.0)
+    assert result.kept == "original" and result.ratio > 10 and result.reason == "slower"
+
+
+@pytest.mark.parametrize("kept", ["original", "optimized"])
+def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
+    import torch._inductor.compile_fx as cfx
+
+    import optimus_eqsat.backend as backend_module
+    from optimus_eqsat.backend import make_backend
+    from optimus_eqsat.guard import GuardResult
+    from tests.models import SplitTowers
+
+    compiled = []
+
+    def fake_compile_fx(gm, example_inputs):
+        compiled.append(gm)  # first the optimized graph, then the original
+        return gm
+
+    def fake_measure(programs, gm, example_inputs, training, budget_s):
+        assert set(programs) == {"original", "optimized"} and not training
+        return GuardResult(kept, {"original": 1.0, "optimized": 2.0}, 2.0, 1.9, 2.1, 5)
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    monkeypatch.setattr(backend_module, "measure_and_choose", fake_measure)
+    model = SplitTowers(towers=4, width=8).eval()
+    backend = make_backend()
+    with torch.no_grad():
+        program = backend(torch.fx.symbolic_trace(model), [torch.randn(5, 32)])
+    report = backend.reports[-1]
+    assert len(compiled) == 2 and report.measured.kept == kept
+    assert program is compiled[1 if kept == "original" else 0]
+    assert report.fell_back == (kept == "original") and "step time" in report.summary()
