@@ -6,6 +6,7 @@ Greedy extractors judge members one at a time and so miss it, and the ILP may
 stop early on large e-graphs. This pass tries each group as one move: switch
 every member, choose the cheapest acyclic way to compute what newly becomes
 needed (tree-cost choices), and keep the move when the DAG cost drops.
+The moves themselves come from the exported e-graph (:func:`batch_group_moves`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from .egraph import Extraction, ExtractionError, ExtractionGraph, reachable_choice
 
@@ -23,6 +25,48 @@ class GroupMove:
 
     name: str
     members: dict[int, int]
+
+
+def batch_group_moves(egraph: Any, groups: Sequence[tuple[int, Sequence[int]]],
+                      name_of: Callable[[int], str]) -> list[GroupMove]:
+    """For every batch group: each member's choice of its slice of the batched term.
+
+    ``egraph`` is the exported e-graph (``classes`` of term nodes, ``class_of_id``);
+    ``groups`` are (batched term id, member term ids); ``name_of`` names a member
+    (the move is named after its first). A group with a member that has no short
+    path of views to the batched term gives no move.
+    """
+    moves = []
+    for batched, members in groups:
+        target = egraph.class_of_id.get(batched)
+        picks: dict[int, int] = {}
+        for m in members:
+            path = path_to(egraph, egraph.class_of_id[m], target)
+            if path is None:
+                break
+            picks.update(path)
+        else:
+            moves.append(GroupMove(f"{name_of(members[0])}+{len(members) - 1}", picks))
+    return moves
+
+
+def path_to(egraph: Any, start: int, target: int | None, depth: int = 3) -> dict[int, int] | None:
+    """Node choices leading from class ``start`` to class ``target`` in at most ``depth`` steps
+    (a member's Reshape(Slice(batched)) alternative), or None."""
+    if target is None:
+        return None
+    frontier: list[tuple[int, dict[int, int]]] = [(start, {})]
+    for _ in range(depth):
+        following = []
+        for c, picks in frontier:
+            for k, node in enumerate(egraph.classes[c]):
+                if node.ctor in ("Id", "LId"):
+                    continue
+                if target in node.children:
+                    return {**picks, c: k}
+                following.extend((ch, {**picks, c: k}) for ch in node.children if ch not in picks)
+        frontier = following[:64]  # views only: the path is short and narrow
+    return None
 
 
 def tree_choice(graph: ExtractionGraph) -> tuple[list[float], dict[int, int]]:

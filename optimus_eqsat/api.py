@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import logging
-import math
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx
@@ -17,19 +13,22 @@ import torch.fx
 from . import rewrites
 from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
 from .egraph_export import export
-from .extract.egraph import ENode, ExtractionGraph
+from .extract.cost_model import get_profile
+from .extract.egraph import ExtractionGraph
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
-from .extract.group_search import GroupMove, improve_with_groups
+from .extract.group_search import GroupMove, batch_group_moves, improve_with_groups
+from .extract.refine import refine_run
+from .fx_graphs import copy_module, has_fake_meta, op_count, predict
 from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
-from .saturate import EGraphSession, Limits, check_ruleset
+from .rulesets import DEFAULT_RULESETS, checked_rule_files, known_families, select_rulesets
+from .run_support import gc_paused, phase
+from .saturate import EGraphSession, Limits
 from .translate import translate
 
 log = logging.getLogger("optimus_eqsat")
-
-DEFAULT_RULESETS = ("splitcat", "algebraic", "batching")
 
 
 @dataclass(frozen=True)
@@ -93,27 +92,22 @@ class OptimizeOptions:
 
     def validate(self) -> None:
         """Raise ValueError on option values that can never work (a caller's mistake, not a fallback)."""
-        known = set(rewrites.builtin_rulesets()) | set(rewrites.PYTHON_FAMILIES) | set(DEFAULT_RULESETS)
+        known = known_families()
         unknown = [name for name in self.rulesets if name not in known]
         if unknown:
             raise ValueError(f"unknown ruleset(s) {unknown}; shipped: {sorted(known)}")
         if self.extractor not in ("auto", "greedy", "ilp"):
             raise ValueError(f"unknown extractor {self.extractor!r}; choose auto, greedy or ilp")
-        from .extract.cost_model import get_profile
-
         try:
             get_profile(self.profile)
         except KeyError as exc:
             raise ValueError(str(exc)) from None
-        self.user_rulesets()  # a missing or broken rule file is the caller's mistake: an error naming it
+        checked_rule_files(self.rule_files)  # a missing or broken file is the caller's mistake: an error naming it
 
-    def user_rulesets(self) -> list[rewrites.RuleSet]:
-        """The rule files, read and checked by egglog (``RuleFileError`` names a bad one)."""
-        shipped = rewrites.builtin_rulesets().values()
-        loaded = [rewrites.load_rule_file(path) for path in self.rule_files]
-        for ruleset in loaded:
-            check_ruleset(ruleset, shipped)
-        return loaded
+    def egglog_rulesets(self) -> list[rewrites.RuleSet]:
+        """The egglog programs a run loads (:func:`~optimus_eqsat.rulesets.select_rulesets`)."""
+        self.validate()  # options built directly, not through from_kwargs, are checked here too
+        return select_rulesets(self.rulesets, self.rule_files)
 
     @property
     def limits(self) -> Limits:
@@ -122,67 +116,6 @@ class OptimizeOptions:
 
 class OptimizationError(RuntimeError):
     """Raised (with raise_on_error=True) when any phase fails."""
-
-
-def _op_count(gm: torch.fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-
-
-def _has_fake_meta(gm: torch.fx.GraphModule) -> bool:
-    return any("val" in n.meta or "example_value" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
-
-
-def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    graph = torch.fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
-    graph._codegen = gm.graph._codegen
-    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
-def _select_rulesets(options: OptimizeOptions) -> list[rewrites.RuleSet]:
-    """The egglog families to load (Python families such as batching run separately)."""
-    options.validate()  # options built directly, not through from_kwargs, are checked here too
-    shipped = rewrites.builtin_rulesets()
-    selected = [shipped[name] for name in options.rulesets if name in shipped]
-    return selected + [rewrites.load_rule_file(path) for path in options.rule_files]
-
-
-@contextmanager
-def _phase(report: OptimizeReport, name: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        report.phase_seconds[name] = report.phase_seconds.get(name, 0.0) + time.perf_counter() - start
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector, restoring its state after.
-
-    An optimization builds millions of small objects (e-nodes, term rows, FX
-    nodes) that are never cyclic garbage, and each full collection re-scans
-    them all: on the 2,000-feature extreme graph collections took about a
-    quarter of the optimizer's time (export 3.0 s -> 0.7 s, extraction
-    13 s -> 9 s without them, CPU time on a loaded machine). Reference
-    counting still frees everything acyclic; cycles wait for the next
-    collection after the run.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, profile: str) -> tuple[int, float]:
-    from .extract.fx_cost import predict_kernels
-
-    kernels = predict_kernels(gm, example_inputs, profile)
-    return len(kernels), sum(k.seconds for k in kernels)
 
 
 def optimize_graph(
@@ -211,10 +144,10 @@ def optimize_graph(
     opts = OptimizeOptions.from_kwargs(**options)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"optimize_graph takes a torch.fx.GraphModule, got {type(gm).__name__}")
-    report = OptimizeReport(nodes_before=_op_count(gm))
+    report = OptimizeReport(nodes_before=op_count(gm))
     try:
-        with _gc_paused():
-            result = _optimize(gm, example_inputs, opts, report)
+        with gc_paused():
+            result = OptimizationRun(gm, example_inputs, opts, report).optimize()
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # a control-flow signal of Dynamo's, not a failure
@@ -222,51 +155,10 @@ def optimize_graph(
             raise OptimizationError(f"optimus_eqsat failed: {exc}") from exc
         log.warning("optimus_eqsat: returning the original graph: %s: %s", type(exc).__name__, exc)
         report.fell_back, report.fallback_reason = True, f"{type(exc).__name__}: {exc}"
-        result = _copy_module(gm)
-    report.nodes_after = _op_count(result)
+        result = copy_module(gm)
+    report.nodes_after = op_count(result)
     result.meta["optimus_eqsat"] = report
     return result
-
-
-def _optimize(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, opts: OptimizeOptions,
-              report: OptimizeReport) -> torch.fx.GraphModule:
-    run = OptimizationRun(gm, example_inputs, opts, report)
-    run.saturate()
-    run.extract()
-    return run.finish()
-
-
-def _path_to(eg: Any, start: int, target: int | None, depth: int = 3) -> dict[int, int] | None:
-    """Node choices leading from class ``start`` to class ``target`` in at most ``depth`` steps
-    (a member's Reshape(Slice(batched)) alternative), or None."""
-    if target is None:
-        return None
-    frontier: list[tuple[int, dict[int, int]]] = [(start, {})]
-    for _ in range(depth):
-        following = []
-        for c, picks in frontier:
-            for k, node in enumerate(eg.classes[c]):
-                if node.ctor in ("Id", "LId"):
-                    continue
-                if target in node.children:
-                    return {**picks, c: k}
-                following.extend((ch, {**picks, c: k}) for ch in node.children if ch not in picks)
-        frontier = following[:64]  # views only: the path is short and narrow
-    return None
-
-
-# A class whose batched alternative refine forbids keeps these (the member's slice of
-# another group's result, a cat of views): only the batched computation itself goes.
-_KEPT_WHEN_BANNED = frozenset({"Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat"})
-
-# Batch kinds whose price in the e-graph is least sure come first in refine, which may
-# only have time for one or two variants on large graphs: padded linears (whether the
-# pads fuse), elementwise batches (whether their stacks are views); then the rest.
-_REFINE_FIRST = ("batch-linear_padk", "batch-elementwise")
-
-
-def _refine_priority(kind: str) -> tuple[int, str]:
-    return (_REFINE_FIRST.index(kind) if kind in _REFINE_FIRST else len(_REFINE_FIRST), kind)
 
 
 class OptimizationRun:
@@ -274,6 +166,8 @@ class OptimizationRun:
 
     :func:`optimize_graph` runs all phases; the exploration API keeps the
     object to inspect the saturated e-graph and re-extract with other choices.
+    ``rulesets``: the egglog programs to load (default: ``options.egglog_rulesets()``;
+    the explorer passes them with banned rules cut out).
 
     Attributes after :meth:`saturate`: ``translation`` (facts and the maps back
     to FX), ``session`` (the live egglog e-graph), ``saturation`` (its report),
@@ -283,40 +177,46 @@ class OptimizationRun:
     """
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
-                 options: OptimizeOptions | None = None, report: OptimizeReport | None = None):
+                 options: OptimizeOptions | None = None, report: OptimizeReport | None = None,
+                 rulesets: Sequence[rewrites.RuleSet] | None = None):
         self.gm, self.example_inputs = gm, example_inputs
         self.batches = None
         self.options = options or OptimizeOptions()
-        self.report = report or OptimizeReport(nodes_before=_op_count(gm))
+        self.rulesets = None if rulesets is None else list(rulesets)
+        self.report = report or OptimizeReport(nodes_before=op_count(gm))
+
+    def optimize(self) -> torch.fx.GraphModule:
+        """Every phase in order: saturate, extract, finish (build, verify, refine)."""
+        self.saturate()
+        self.extract()
+        return self.finish()
 
     def saturate(self) -> None:
         """Translate, load the facts and run the rule sets under the limits."""
         opts, report = self.options, self.report
-        rulesets = _select_rulesets(opts)
-        with _phase(report, "translate"):
+        rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
+        with phase(report, "translate"):
             self.translation = t = translate(self.gm, self.example_inputs)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
-        with _phase(report, "load"):
+        with phase(report, "load"):
             self.session = EGraphSession(rulesets)
             self.session.load(t.facts, fx_nodes=len(t.nodes))
-        with _phase(report, "saturate"):
+        with phase(report, "saturate"):
             self.saturation = sat = self.session.saturate(opts.limits, record_eclasses=opts.record_eclasses)
         if "batching" in opts.rulesets:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.
-            with _phase(report, "batch"):
+            with phase(report, "batch"):
                 self.batches = rewrites.batching.batch_facts(t, opts.profile)
                 report.batched = self.batches.members
                 self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
             if self.batches.facts:
-                with _phase(report, "saturate"):
+                with phase(report, "saturate"):
                     after = Limits(opts.batch_iterations, opts.max_enodes, opts.time_limit_s)
                     sat = self.saturation = self.session.saturate(after, previous=sat,
                                                                   record_eclasses=opts.record_eclasses)
-        report.stop_reason, report.iterations, report.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
-        report.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
-        report.history = sat.history
-        with _phase(report, "export"):
+        report.record_saturation(sat)
+        with phase(report, "export"):
             self.egraph = export(self.session.egraph)
         report.eclasses = len(self.egraph.classes)
         self.cost = EGraphCost(self.egraph.shapes, lambda key: t.registry.specs[key].kind, opts.profile,
@@ -332,19 +232,14 @@ class OptimizationRun:
         ``graph`` gives them already priced."""
         opts = self.options
         name = extractor or opts.extractor
-        with _phase(self.report, "extract"):
+        with phase(self.report, "extract"):
             self.graph = graph or self.egraph.extraction_graph(self.roots, cost or self.cost)
             options = {"time_limit": opts.ilp_time_limit_s} if name in ("ilp", "auto") else {}
             self.extraction = get_extractor(name, **options).extract(self.graph)
             if self.batches is not None:
                 self.extraction, self.report.group_moves = improve_with_groups(
                     self.graph, self.extraction, self.group_moves())
-        self._record_extraction()
-
-    def _record_extraction(self) -> None:
-        ext = self.extraction
-        self.report.extractor, self.report.extraction_cost = ext.extractor, ext.cost
-        self.report.optimal, self.report.gap = ext.optimal, ext.gap
+        self.report.record_extraction(self.extraction)
 
     def build(self, meta: bool = True) -> torch.fx.GraphModule:
         """The extracted program as a new GraphModule (no cost check).
@@ -365,84 +260,11 @@ class OptimizationRun:
     @property
     def _wants_meta(self) -> bool:
         """Whether a full build propagates fake-tensor meta (Dynamo/export graphs)."""
-        return self.example_inputs is None or _has_fake_meta(self.gm)
+        return self.example_inputs is None or has_fake_meta(self.gm)
 
     def group_moves(self) -> list[GroupMove]:
         """For every batch group: each member's choice of its slice of the batched term."""
-        eg, moves = self.egraph, []
-        for batched, members in self.batches.groups:
-            target = eg.class_of_id.get(batched)
-            picks: dict[int, int] = {}
-            for m in members:
-                path = _path_to(eg, eg.class_of_id[m], target)
-                if path is None:
-                    break
-                picks.update(path)
-            else:
-                moves.append(GroupMove(f"{self.translation.nodes[members[0]].name}+{len(members) - 1}", picks))
-        return moves
-
-    def without_batches(self, kinds: Sequence[str], graph: ExtractionGraph) -> ExtractionGraph:
-        """``graph`` with the batched alternatives of ``kinds`` forbidden (their classes
-        keep only views and cats). Shares every other class's nodes: re-pricing all of
-        them took a second on the 2,000-feature graph."""
-        eg, banned = self.egraph, set()
-        for kind in kinds:
-            banned.update(eg.class_of_id[i] for i in self.batches.outputs.get(kind, ()) if i in eg.class_of_id)
-        classes = list(graph.classes)
-        for c in banned:
-            classes[c] = [node if term.ctor in _KEPT_WHEN_BANNED else ENode(node.op, node.children, math.inf)
-                          for node, term in zip(graph.classes[c], eg.classes[c])]
-        return ExtractionGraph(classes, graph.roots)
-
-    def _refine(self, result: torch.fx.GraphModule, launches: int, seconds: float) -> tuple:
-        """Drop batch kinds that the fusion model says do not pay (e-node costs are additive,
-        Inductor's fusion is not). Tries each kind alone and all together, keeps the best.
-
-        ``result`` is the cheap build (no fake-tensor meta) of the current extraction and
-        ``launches``, ``seconds`` its prediction. Returns (``result`` or None when a variant
-        won and is now ``self.extraction``, its launches, its seconds)."""
-        opts, report = self.options, self.report
-        chosen = self.extraction.choice
-        class_of = self.egraph.class_of_id
-        # Only kinds the extraction actually uses: dropping an unused one changes nothing.
-        kinds = sorted((k for k, ids in (self.batches.outputs if self.batches else {}).items()
-                        if any(class_of.get(i) in chosen for i in ids)), key=_refine_priority)
-        if not kinds:
-            return result, launches, seconds
-        # A variant is a greedy extraction and a build: when the main extraction was
-        # greedy, its time says what a variant will take (tens of seconds on the
-        # 2,000-feature graph, where starting one would overrun the limit by as much).
-        start = time.perf_counter()
-        extract_s = report.phase_seconds.get("extract", 0.0) if report.extractor == "greedy" else 0.0
-        if extract_s > opts.refine_time_limit_s:
-            log.info("optimus_eqsat: no refine: one variant (over %.1f s) exceeds its time limit", extract_s)
-            return result, launches, seconds
-        # ``result`` is itself a cheap build (finish): a variant costs what it took
-        # (rebuild, and one of verify's two predictions) on top of its extraction.
-        variant_s = extract_s + report.phase_seconds.get("rebuild", 0.0) + report.phase_seconds.get("verify", 0.0) / 2
-        best = (seconds, launches, ())
-        main_graph = self.graph
-        saved = (self.graph, self.extraction)
-        for dropped in [(k,) for k in kinds] + ([tuple(kinds)] if len(kinds) > 1 else []):
-            if time.perf_counter() - start + variant_s > opts.refine_time_limit_s:
-                log.info("optimus_eqsat: refine stopped: a variant (about %.1f s) would overrun its time limit "
-                         "(%.1f s)", variant_s, opts.refine_time_limit_s)
-                break
-            report.refine_tried.append(list(dropped))
-            try:
-                self.extract(graph=self.without_batches(dropped, main_graph), extractor="greedy")
-                candidate = self.build(meta=False)
-            except Exception as exc:  # a kind that cannot be dropped: keep what we have
-                log.debug("optimus_eqsat: refine without %s failed: %s", dropped, exc)
-                continue
-            n, t = _predict(candidate, self.example_inputs, opts.profile)
-            if t < best[0] * (1 - 1e-9):
-                best, saved = (t, n, dropped), (self.graph, self.extraction)
-        self.graph, self.extraction = saved
-        self._record_extraction()  # the report describes the kept extraction, not the last variant
-        report.dropped_batches = list(best[2])
-        return (None if best[2] else result), best[1], best[0]
+        return batch_group_moves(self.egraph, self.batches.groups, lambda i: self.translation.nodes[i].name)
 
     def finish(self) -> torch.fx.GraphModule:
         """Rebuild, predict launches before/after, and keep the original if the result is worse."""
@@ -450,16 +272,16 @@ class OptimizationRun:
         # With refine, candidates are compared on cheap builds (e-graph shapes, no fake
         # tensors: most of a build's time); only the winner gets full meta.
         refine = opts.refine_batches and self.batches is not None
-        with _phase(report, "rebuild"):
+        with phase(report, "rebuild"):
             result = self.build(meta=not refine)
-        with _phase(report, "verify"):
-            report.launches_before, report.cost_before = _predict(gm, self.example_inputs, opts.profile)
-            report.launches_after, report.cost_after = _predict(result, self.example_inputs, opts.profile)
+        with phase(report, "verify"):
+            report.launches_before, report.cost_before = predict(gm, self.example_inputs, opts.profile)
+            report.launches_after, report.cost_after = predict(result, self.example_inputs, opts.profile)
         if refine:
-            with _phase(report, "refine"):
-                result, report.launches_after, report.cost_after = self._refine(
-                    result, report.launches_after, report.cost_after)
-            with _phase(report, "rebuild"):
+            with phase(report, "refine"):
+                result, report.launches_after, report.cost_after = refine_run(
+                    self, result, report.launches_after, report.cost_after)
+            with phase(report, "rebuild"):
                 if result is None:  # a variant won: build it, with meta
                     result = self.build()
                 elif self._wants_meta:  # the cheap build was kept: only its meta is missing
@@ -471,5 +293,5 @@ class OptimizationRun:
             )
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
-            return _copy_module(gm)
+            return copy_module(gm)
         return result

@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .api import OptimizeOptions, _copy_module, optimize_graph
+from .api import OptimizeOptions, optimize_graph
+from .fx_graphs import copy_module
 from .guard import measure_and_choose
 from .inductor_compat import first_line, is_dynamo_signal
 from .report import OptimizeReport
@@ -53,7 +54,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
-        original = _copy_module(gm)
+        original = copy_module(gm)
         optimized = optimize_graph(gm, example_inputs, **options)
         report = optimized.meta.get("optimus_eqsat")
         if report is not None:
@@ -99,7 +100,7 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float) -> Callable:
     """The faster of ``compiled`` and the original graph compiled, by measurement."""
     start = time.perf_counter()
-    baseline = compile_fx(_copy_module(original), example_inputs)
+    baseline = compile_fx(copy_module(original), example_inputs)
     compile_s = time.perf_counter() - start
     try:
         result = measure_and_choose({"original": baseline, "optimized": compiled}, original, example_inputs,

@@ -63,6 +63,18 @@ class OptimizeReport:
     def total_seconds(self) -> float:
         return sum(self.phase_seconds.values())
 
+    def record_saturation(self, sat: Any) -> None:
+        """Take a saturation's outcome (``saturate.SaturationReport``): why it stopped,
+        its size, the rules that fired and the per-iteration history."""
+        self.stop_reason, self.iterations, self.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
+        self.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
+        self.history = sat.history
+
+    def record_extraction(self, ext: Any) -> None:
+        """Describe the extraction kept (``extract.egraph.Extraction``)."""
+        self.extractor, self.extraction_cost = ext.extractor, ext.cost
+        self.optimal, self.gap = ext.optimal, ext.gap
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -96,7 +96,7 @@ def _raise_runtime_error(*args, **kwargs):
 
 
 def test_garbage_collector_state_is_restored(monkeypatch):
-    # optimize_graph pauses the cyclic collector while it runs (api._gc_paused)
+    # optimize_graph pauses the cyclic collector while it runs (run_support.gc_paused)
     gm = torch.fx.symbolic_trace(Model())
     x = (torch.randn(5, 12),)
     assert gc.isenabled()
@@ -225,3 +225,18 @@ def test_constructors_of_a_user_rule_file_are_never_extracted(tmp_path):
     optimized = optimize_graph(gm, (x,), rule_files=[str(rules)], raise_on_error=True)
     assert optimized.meta["optimus_eqsat"].rules_fired.get("mine-helper")
     torch.testing.assert_close(optimized(x), gm(x))
+
+
+def test_run_loads_the_rulesets_it_is_given():
+    # The explorer hands OptimizationRun edited rule programs; the run loads those, not the options'.
+    from optimus_eqsat.api import OptimizationRun, OptimizeOptions
+
+    gm, x = torch.fx.symbolic_trace(Model()), (torch.randn(5, 12),)
+    options = OptimizeOptions(rulesets=("splitcat",))
+    default = OptimizationRun(gm, x, options)
+    default.saturate()
+    splitcat_rules = set(options.egglog_rulesets()[0].rule_names)
+    assert splitcat_rules & set(default.report.rules_fired)
+    given = OptimizationRun(gm, x, options, rulesets=[])  # only the shape analysis is left
+    given.saturate()
+    assert not splitcat_rules & set(given.report.rules_fired)

@@ -46,3 +46,23 @@ def test_tree_choice_is_acyclic_fallback():
     best, pick = tree_choice(graph)
     assert pick[0] == 0 and best[2] == pytest.approx(3.0)
     assert dag_cost(graph, pick) == pytest.approx(3.0)
+
+
+def test_batch_group_moves_follow_views_to_the_batched_term():
+    from types import SimpleNamespace
+
+    from optimus_eqsat.extract.group_search import batch_group_moves, path_to
+
+    def term(ctor, *children):
+        return SimpleNamespace(ctor=ctor, children=children)
+
+    # class 0: batched term (id 10); members (ids 11, 12) are own ops or Reshape(Slice(batched))
+    egraph = SimpleNamespace(class_of_id={10: 0, 11: 1, 12: 3}, classes=[
+        [term("Op2")], [term("Op2"), term("Reshape", 2)], [term("Slice", 0)],
+        [term("Op2"), term("Slice", 0)], [term("Op2")]])
+    assert path_to(egraph, 1, 0) == {1: 1, 2: 0}
+    assert path_to(egraph, 4, 0) is None and path_to(egraph, 1, None) is None
+    moves = batch_group_moves(egraph, [(10, [11, 12])], lambda i: f"n{i}")
+    assert moves == [GroupMove("n11+1", {1: 1, 2: 0, 3: 1})]
+    egraph.class_of_id[13] = 4
+    assert batch_group_moves(egraph, [(10, [11, 13])], str) == []  # a member without a path: no move

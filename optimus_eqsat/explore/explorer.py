@@ -14,19 +14,18 @@ over-approximation, not a derivation.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from functools import cached_property
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
 import torch.fx as fx
 
-from .. import api
 from ..api import OptimizationRun, OptimizeOptions
 from ..egraph_export import EMITTED, TermNode
 from ..extract.egraph import ExtractionError, dag_cost
 from ..extract.fx_cost import predict_kernels
+from ..fx_graphs import op_count
 from ..rebuild import propagate_meta, rebuild
 from ..rewrites import shape_rules
 from . import history as hist
@@ -46,26 +45,6 @@ _OP_CTORS = ("Unary", "Binary", "Scalar", "Op1", "Op2", "Op3")
 
 class SteeringError(ValueError):
     """A pin or forbid left no valid program (the steering change is undone)."""
-
-
-def _op_count(gm: fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-
-
-@contextmanager
-def _rulesets_without(banned: set[str]) -> Iterator[None]:
-    """Make OptimizationRun.saturate load the rule programs minus ``banned`` rules.
-
-    OptimizationRun picks its rule sets through ``api._select_rulesets``; there
-    is no public way to hand it edited programs, so this swaps that function
-    for the duration of one saturate() call.
-    """
-    original = api._select_rulesets
-    api._select_rulesets = lambda opts: [without_rules(r, banned) for r in original(opts)]
-    try:
-        yield
-    finally:
-        api._select_rulesets = original
 
 
 class Explorer:
@@ -104,12 +83,10 @@ class Explorer:
 
     # ------------------------------------------------------------------ phases
     def _saturate(self) -> None:
-        self.run = OptimizationRun(self.gm, self.example_inputs, self.options)
-        if self.banned:
-            with _rulesets_without(self.banned):
-                self.run.saturate()
-        else:
-            self.run.saturate()
+        # Banned rules are cut out of the rule programs the run loads.
+        rulesets = [without_rules(r, self.banned) for r in self.options.egglog_rulesets()] if self.banned else None
+        self.run = OptimizationRun(self.gm, self.example_inputs, self.options, rulesets=rulesets)
+        self.run.saturate()
         self.run.extract()
         self.default = self.run.extraction
         self.steered = None
@@ -217,7 +194,7 @@ class Explorer:
     @cached_property
     def catalogue(self) -> dict[str, RuleInfo]:
         """Every named rule of the selected families (before bans), plus the shape analysis."""
-        return catalogue([*api._select_rulesets(self.options), shape_rules()])
+        return catalogue([*self.options.egglog_rulesets(), shape_rules()])
 
     def rules(self) -> pd.DataFrame:
         """Per rule: family, matches, seconds, fired, constructors it builds, banned."""
@@ -460,7 +437,7 @@ class Explorer:
             ks = self.kernels(which)
             ext = None if which == "original" else (self.default if which == "default" else self.steered)
             rows[which] = {
-                "fx_ops": _op_count(self.graph(which)),
+                "fx_ops": op_count(self.graph(which)),
                 "launches": len(ks),
                 "predicted_us": sum(k.seconds for k in ks) * 1e6,
                 "extraction_cost_us": dag_cost(graph, ext.choice) * 1e6 if ext else math.nan,

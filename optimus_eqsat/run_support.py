@@ -1,0 +1,41 @@
+"""What wraps one optimization run: phase timing into the report, and the GC pause."""
+
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from .report import OptimizeReport
+
+
+@contextmanager
+def phase(report: OptimizeReport, name: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``report.phase_seconds[name]`` (phases may repeat)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.phase_seconds[name] = report.phase_seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector, restoring its state after.
+
+    An optimization builds millions of small objects (e-nodes, term rows, FX
+    nodes) that are never cyclic garbage, and each full collection re-scans
+    them all: on the 2,000-feature extreme graph collections took about a
+    quarter of the optimizer's time (export 3.0 s -> 0.7 s, extraction
+    13 s -> 9 s without them, CPU time on a loaded machine). Reference
+    counting still frees everything acyclic; cycles wait for the next
+    collection after the run.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
