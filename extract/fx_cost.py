@@ -16,6 +16,9 @@ The prediction, module by module:
 - fusion_triton.py / fusion_cpp.py: what each code generator does its own way
   (rules 5-11), chosen by ``profile.codegen``;
 - pricing.py: bytes, FLOPs and seconds of each predicted kernel.
+
+:func:`plan_kernels` stops between the last two: the kernels decided, not
+priced, and the pricing for them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .classify import classify_node, graph_infos, node_kinds
 from .fusion import Fusion, FusionStrategy
 from .fusion_cpp import CppStrategy
 from .fusion_triton import MAX_POINTWISE_CAT_INPUTS, TritonStrategy
-from .pricing import PredictedKernel, Pricing
+from .pricing import KernelPlan, PredictedKernel, Pricing
 
 __all__ = [
     "MAX_POINTWISE_CAT_INPUTS",
@@ -39,6 +42,7 @@ __all__ = [
     "TensorInfo",
     "classify_node",
     "node_tensor_infos",
+    "plan_kernels",
     "predict_kernels",
     "predicted_launches",
     "predicted_time",
@@ -56,23 +60,33 @@ def strategy_for(codegen: str) -> FusionStrategy:
     return STRATEGIES[codegen]()
 
 
-def predict_kernels(
+def plan_kernels(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any] | None = None,
     profile: str | DeviceProfile = "h100",
-) -> list[PredictedKernel]:
-    """The kernels Inductor is predicted to launch for ``gm``, in schedule order.
-
-    ``profile`` sets the device numbers and the fusion flavour
-    (``profile.codegen``: "triton" or "cpp"); see fusion.py and its strategies.
-    """
+) -> tuple[list[KernelPlan], Pricing]:
+    """The kernels the fusion model decides Inductor launches for ``gm`` (in schedule
+    order, not priced yet), and the :class:`Pricing` that prices them on ``profile``."""
     prof = get_profile(profile)
     strategy = strategy_for(prof.codegen)
     infos = graph_infos(gm, example_inputs)
     kinds = node_kinds(gm, infos, strategy.decomposed_mm)
     fusion = Fusion(gm, kinds, infos, strategy)
     plans = fusion.kernel_plans()
-    pricing = Pricing(gm, kinds, infos, fusion.base, prof, strategy.grouped_per_member)
+    return plans, Pricing(gm, kinds, infos, fusion.base, prof, strategy.grouped_per_member)
+
+
+def predict_kernels(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any] | None = None,
+    profile: str | DeviceProfile = "h100",
+) -> list[PredictedKernel]:
+    """The kernels Inductor is predicted to launch for ``gm``, in schedule order, priced.
+
+    ``profile`` sets the device numbers and the fusion flavour
+    (``profile.codegen``: "triton" or "cpp"); see fusion.py and its strategies.
+    """
+    plans, pricing = plan_kernels(gm, example_inputs, profile)
     return [kernel for plan in plans for kernel in pricing.price(plan)]
 
 

@@ -13,11 +13,9 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from optimus_eqsat.extract.cost_model import KernelKind as K, get_profile
-from optimus_eqsat.extract.classify import graph_infos, node_kinds
-from optimus_eqsat.extract.fusion import Fusion
-from optimus_eqsat.extract.fx_cost import predict_kernels, strategy_for
-from optimus_eqsat.extract.pricing import Pricing
+from optimus_eqsat.extract.classify import graph_infos
+from optimus_eqsat.extract.cost_model import KernelKind as K
+from optimus_eqsat.extract.fx_cost import plan_kernels, predict_kernels, strategy_for
 from optimus_eqsat.fxvocab import (
     ALIASING_OPS,
     SHAPE_META,
@@ -117,13 +115,7 @@ def test_strategies_and_pricing_seam():
     gm = fx.symbolic_trace(Net())
     inputs = (torch.randn(2, 8),)
     for profile in ("h100", "cpu"):
-        prof = get_profile(profile)
-        strategy = strategy_for(prof.codegen)
-        infos = graph_infos(gm, inputs)
-        kinds = node_kinds(gm, infos, strategy.decomposed_mm)
-        fusion = Fusion(gm, kinds, infos, strategy)
-        plans = fusion.kernel_plans()
-        pricing = Pricing(gm, kinds, infos, fusion.base, prof, strategy.grouped_per_member)
+        plans, pricing = plan_kernels(gm, inputs, profile)
         kernels = predict_kernels(gm, inputs, profile)
         # pricing keeps what the fusion model decided: one kernel per plan, same nodes, kind, note
         assert [(p.kind, p.nodes, p.note) for p in plans] == [(k.kind, k.nodes, k.note) for k in kernels]
