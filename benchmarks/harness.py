@@ -159,7 +159,6 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
     """Phase 1: the compiling first step, its code and numerics; fills ``row``."""
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
-    from torch._inductor.utils import run_and_get_code
 
     model = copy.deepcopy(ref.model)
     record = instrument.CompileRecord(profile=_pred_profile(method, case))
@@ -167,15 +166,15 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
     if config.disable_caches:
         patch["force_disable_caches"] = True
     skips_before = counters["inductor"]["cudagraph_skips"]
-    codes: list[str] = []
-    with inductor_config.patch(patch), instrument.observe_optimizers(record, method.observe_pre_grad):
+    with (
+        inductor_config.patch(patch),
+        instrument.observe_optimizers(record, method.observe_pre_grad),
+        instrument.capture_output_code() as codes,
+    ):
         fn = method.prepare(model, record)
         step = measure.make_step(fn, model, ref.inputs, case.training)
         start = time.perf_counter()
-        if method.compiled:
-            outputs, codes = run_and_get_code(step)
-        else:
-            outputs = step()
+        outputs = step()
         measure.sync(case.device)
         first_step_s = time.perf_counter() - start
         row["max_abs_diff_out"] = measure.max_abs_diff(outputs, ref.outputs)
@@ -272,9 +271,14 @@ def run_case(case: Case, methods: list[Method], config: BenchConfig, say: Any = 
             steps = {label: measure.timed_step(c.step, case.device) for label, c in live.items()}
             result = _without_gc(run_rounds, steps, config.plan, baseline=BASELINE)
             for label, c in live.items():
-                rows[label].update(_timing_fields(label, c, result, config.plan))
+                row = rows[label]
+                row.update(_timing_fields(label, c, result, config.plan))
                 if label in result.errors:
-                    rows[label]["error"] = result.errors[label]
+                    row["error"] = result.errors[label]
+                elif row["recompiles"]:
+                    # The recompiled code ran without the method's settings (they are
+                    # patched around the compiling step only): its times are not the method's.
+                    row["error"] = f"Dynamo recompiled {row['recompiles']} time(s) after the compiling step"
     except Exception as exc:  # the reference itself failed: every row says so
         for row in rows.values():
             row["error"] = row["error"] or _error_text(exc)

@@ -13,6 +13,7 @@ import re
 import sys
 import time
 from collections import Counter
+from unittest import mock
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -236,6 +237,28 @@ def observe_optimizers(record: CompileRecord, observe_pre_grad: bool) -> Iterato
 
 
 # --- counting the kernels Inductor emitted -------------------------------------
+
+
+@contextlib.contextmanager
+def capture_output_code() -> Iterator[list[str]]:
+    """Inductor's output code of every graph compiled inside, in order (each once).
+
+    ``torch._inductor.utils.run_and_get_code`` does the same but resets Dynamo
+    first, which would throw away the other methods of a case (they would
+    recompile later without their settings).
+    """
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+
+    def save_output_code(code: str) -> None:
+        if code not in codes:
+            codes.append(code)
+
+    with mock.patch.object(GraphLowering, "save_output_code", save_output_code):
+        yield codes
+
+
 
 _EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")
 

@@ -264,6 +264,17 @@ def test_training_rows_compare_gradients():
     assert math.isnan(row["run_ratio_vs_inductor"])  # no baseline in this run
 
 
+def test_methods_of_a_case_stay_compiled_side_by_side(monkeypatch):
+    """Compiling a later method must not reset Dynamo: the earlier ones would
+    recompile without their settings (torch's run_and_get_code resets it)."""
+    monkeypatch.setattr(methods.Method, "_inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
+    rows = run(BenchConfig(models=["dlrm"], methods=["inductor", "inductor_optimus", "eager"], batches=[2],
+                           threads=[1], plan=QUICK, progress=False))
+    assert [(r["method"], r["error"], r["recompiles"]) for r in rows] == [
+        ("inductor", "", 0), ("inductor_optimus", "", 0), ("eager", "", 0)]
+    assert all(r["graphs"] == 1 for r in rows)
+
+
 def test_broken_method_becomes_an_error_row(monkeypatch):
     def missing(_options):
         raise ImportError("optimus_eqsat.backend not there")
