@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     timing.add_argument("--steps", "--repeats", dest="steps", type=int, default=5,
                         help="timed steps per method per round; a round's time is their median "
                         "(--repeats is the old name)")
+    timing.add_argument("--min-turn-ms", type=float, default=20.0,
+                        help="more timed steps for a fast method, so each of its turns lasts this long")
     timing.add_argument("--rounds", type=int, default=5, help="rounds at least")
     timing.add_argument("--max-rounds", type=int, default=30, help="rounds at most")
     timing.add_argument("--target-spread", type=float, default=0.10,
@@ -111,9 +113,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         rows=args.rows,
         seed=args.seed,
         plan=RoundPlan(min_rounds=args.rounds, max_rounds=max(args.rounds, args.max_rounds),
-                       steps=args.steps, warmup=args.warmup, round_warmup=args.round_warmup,
-                       target_spread=args.target_spread, max_seconds=args.max_timing_s,
-                       order=args.order, seed=args.seed),
+                       steps=args.steps, min_turn_ms=args.min_turn_ms, warmup=args.warmup,
+                       round_warmup=args.round_warmup, target_spread=args.target_spread,
+                       max_seconds=args.max_timing_s, order=args.order, seed=args.seed),
         disable_caches=not args.keep_caches,
         progress=not args.no_progress,
     )

@@ -236,7 +236,7 @@ def _timing_fields(label: str, c: Compiled, result: RoundsResult, plan: RoundPla
         "run_ms_p90": run.p90,
         "run_ms_min": min(times, default=NAN),
         "rounds": run.n,
-        "steps_per_round": plan.steps,
+        "steps_per_round": result.steps.get(label, plan.steps),
         "run_ratio_vs_inductor": ratio.median,
         "run_ratio_p10": ratio.p10,
         "run_ratio_p90": ratio.p90,

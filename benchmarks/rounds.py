@@ -10,12 +10,15 @@ Schedule: ``warmup`` steps per method (interleaved), then rounds. In each round
 every method takes its turn in an order that changes from round to round
 (:func:`round_order`); a turn is ``round_warmup`` untimed steps (to refill the
 caches the previous method evicted) and ``steps`` timed ones, whose median is the
-method's time in that round. After ``min_rounds``, rounds are added until every
+method's time in that round; a method whose steps are short gets more of them
+(enough for ``min_turn_ms`` at its warm-up speed), so a turn outlasts the
+hiccups of a shared machine. After ``min_rounds``, rounds are added until every
 method's paired ratio has a relative spread ((p90 - p10) / median) within
 ``target_spread``, or until ``max_rounds`` / ``max_seconds``.
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -34,7 +37,8 @@ class RoundPlan:
 
     min_rounds: int = 5
     max_rounds: int = 30
-    steps: int = 5  # timed steps per method per round (k)
+    steps: int = 5  # timed steps per method per round (k), at least
+    min_turn_ms: float = 20.0  # more timed steps for fast methods, so a turn lasts this long
     warmup: int = 3  # steps per method before the first round
     round_warmup: int = 1  # untimed steps at the start of each turn
     target_spread: float = 0.10  # (p90 - p10) / median of the paired ratio
@@ -78,6 +82,7 @@ class RoundsResult:
     stop: str = ""  # "stable", "max_rounds", "time_limit" or "no_methods"
     unstable: list[str] = field(default_factory=list)  # methods still above the target
     errors: dict[str, str] = field(default_factory=dict)  # method -> first line of its exception
+    steps: dict[str, int] = field(default_factory=dict)  # timed steps per turn, per method
     seconds: float = 0.0
 
     @property
@@ -109,13 +114,15 @@ def run_rounds(
             result.errors[label] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             live.remove(label)
 
+    warm_ms: dict[str, list[float]] = {label: [] for label in live}
     for _ in range(plan.warmup):
         for label in list(live):
-            attempt(label, steps[label])
+            attempt(label, lambda label=label: warm_ms[label].append(steps[label]()))
+    result.steps = {label: _steps_per_turn(warm_ms[label], plan) for label in live}
     while live:
         order = round_order(live, len(result.orders), plan.order, plan.seed)
         for label in order:
-            attempt(label, lambda label=label: _turn(steps[label], plan, result.round_ms[label]))
+            attempt(label, lambda label=label: _turn(steps[label], result.steps[label], plan, result.round_ms[label]))
         result.orders.append(order)
         rounds = len(result.orders)
         if rounds < plan.min_rounds:
@@ -135,8 +142,19 @@ def run_rounds(
     return result
 
 
-def _turn(step: TimedStep, plan: RoundPlan, sink: list[float]) -> None:
-    """One method's turn in a round: untimed steps, then the median of the timed ones."""
+MAX_STEPS_PER_TURN = 1000
+
+
+def _steps_per_turn(warm_ms: list[float], plan: RoundPlan) -> int:
+    """``plan.steps``, or more if the warm-up steps were short (see ``min_turn_ms``)."""
+    typical = statistics.median(warm_ms) if warm_ms else 0.0
+    if typical <= 0:
+        return plan.steps
+    return max(plan.steps, min(MAX_STEPS_PER_TURN, math.ceil(plan.min_turn_ms / typical)))
+
+
+def _turn(step: TimedStep, count: int, plan: RoundPlan, sink: list[float]) -> None:
+    """One method's turn in a round: untimed steps, then the median of ``count`` timed ones."""
     for _ in range(plan.round_warmup):
         step()
-    sink.append(statistics.median(step() for _ in range(plan.steps)))
+    sink.append(statistics.median(step() for _ in range(count)))

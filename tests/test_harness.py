@@ -102,6 +102,14 @@ def test_pairing_cancels_drift_that_widens_the_times():
     assert result.stop == "stable"
 
 
+def test_fast_methods_take_more_steps_per_turn():
+    plan = RoundPlan(min_rounds=1, max_rounds=1, steps=3, warmup=2, min_turn_ms=20.0)
+    result = run_rounds({"inductor": _constant(50.0), "fast": _constant(0.5), "tiny": _constant(1e-6)}, plan)
+    assert result.steps == {"inductor": 3, "fast": 40, "tiny": 1000}
+    no_warmup = run_rounds({"x": _constant(0.5)}, RoundPlan(min_rounds=1, max_rounds=1, steps=3, warmup=0))
+    assert no_warmup.steps == {"x": 3}
+
+
 def test_time_limit_stops_adding_rounds_after_the_minimum():
     ticks = iter(range(1000))
     plan = RoundPlan(min_rounds=2, max_rounds=50, steps=1, warmup=0, round_warmup=0,
