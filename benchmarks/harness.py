@@ -317,7 +317,7 @@ def _warm_up_compilers(methods: list[Method], device: str) -> None:
     from torch._inductor.compile_fx import compile_fx
 
     makers: list[Callable[[], Callable]] = [lambda: compile_fx] if any(m.compiled for m in methods) else []
-    makers += [m._inner_backend for m in methods if m.uses_eqsat][:1]
+    makers += [m.inner_backend for m in methods if m.uses_eqsat][:1]
     tiny = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to(device)
     x = torch.randn(4, 8, device=device)
     for make in makers:

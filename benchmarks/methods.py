@@ -160,7 +160,7 @@ class Method:
         inner backend is kept on ``record.backend`` (its ``reports``, if any)."""
         if not self.compiled:
             return model
-        inner = self._inner_backend()
+        inner = self.inner_backend()
         record.backend = inner
 
         def recording_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -177,7 +177,8 @@ class Method:
 
         return new_step_then_call
 
-    def _inner_backend(self) -> Callable:
+    def inner_backend(self) -> Callable:
+        """A fresh Dynamo backend for this method (before our recording wrapper)."""
         if self.uses_eqsat:
             return eqsat_backend(self.eqsat or EqsatOptions())
         if self.cudagraphs:

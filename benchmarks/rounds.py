@@ -11,7 +11,7 @@ every method takes its turn in an order that changes from round to round
 (:func:`round_order`); a turn is ``round_warmup`` untimed steps (to refill the
 caches the previous method evicted) and ``steps`` timed ones, whose median is the
 method's time in that round; a method whose steps are short gets more of them
-(enough for ``min_turn_ms`` at its warm-up speed), so a turn outlasts the
+(enough for ``min_turn_ms`` at its fastest warm-up step's speed), so a turn outlasts the
 hiccups of a shared machine. After ``min_rounds``, rounds are added until every
 method's paired ratio has a relative spread ((p90 - p10) / median) within
 ``target_spread``, or until ``max_rounds`` / ``max_seconds``.
@@ -146,8 +146,10 @@ MAX_STEPS_PER_TURN = 1000
 
 
 def _steps_per_turn(warm_ms: list[float], plan: RoundPlan) -> int:
-    """``plan.steps``, or more if the warm-up steps were short (see ``min_turn_ms``)."""
-    typical = statistics.median(warm_ms) if warm_ms else 0.0
+    """``plan.steps``, or more if the warm-up steps were short (see ``min_turn_ms``).
+    The fastest warm-up step stands for the steady state: the first ones after a
+    compile, or a hiccup, are slow."""
+    typical = min(warm_ms, default=0.0)
     if typical <= 0:
         return plan.steps
     return max(plan.steps, min(MAX_STEPS_PER_TURN, math.ceil(plan.min_turn_ms / typical)))

@@ -193,7 +193,7 @@ def test_cuda_methods_are_cuda_only_and_configured_like_their_torch_modes():
 def test_cudagraph_methods_mark_a_new_step_before_every_call(monkeypatch):
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    monkeypatch.setattr(methods.Method, "_inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
+    monkeypatch.setattr(methods.Method, "inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
     method = methods.Method("inductor_cudagraphs", cudagraphs=True)
     model = torch.nn.Linear(3, 2)
     torch._dynamo.reset()
@@ -275,7 +275,7 @@ def test_training_rows_compare_gradients():
 def test_methods_of_a_case_stay_compiled_side_by_side(monkeypatch):
     """Compiling a later method must not reset Dynamo: the earlier ones would
     recompile without their settings (torch's run_and_get_code resets it)."""
-    monkeypatch.setattr(methods.Method, "_inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
+    monkeypatch.setattr(methods.Method, "inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
     rows = run(BenchConfig(models=["dlrm"], methods=["inductor", "inductor_optimus", "eager"], batches=[2],
                            threads=[1], plan=QUICK, progress=False))
     assert [(r["method"], r["error"], r["recompiles"]) for r in rows] == [
