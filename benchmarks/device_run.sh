@@ -13,7 +13,12 @@ set -u
 OUT=${OUT:-benchmarks/results/gpu}
 DEVICE=${DEVICE:-cuda}
 MODELS=${MODELS:-mmoe ple dlrm dynamic_schema transformer deepfm dcnv2}
-STEP_S=${STEP_S:-75}
+# METHODS: a comma list; unset, every method the device can run (7 on CUDA, 4 on CPU).
+METHODS=${METHODS:+--methods $METHODS}
+BATCHES=${BATCHES:-32,256,2048}
+# Each case compiles every method cold (7 methods: a few minutes per model and batch);
+# size STEP_S, MODELS and BATCHES to the device time at hand.
+STEP_S=${STEP_S:-300}
 mkdir -p "$OUT"
 if ! python3 -c "import egglog" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -38,13 +43,15 @@ for model in $MODELS; do
   echo "== harness $model" >>"$LOG"
   start=$(date +%s)
   timeout "$STEP_S" python3 -m benchmarks --device "$DEVICE" --models "$model" \
-    --methods eager,inductor,inductor_optimus,optimus_eqsat --mode inference,training \
-    --warmup 5 --repeats 50 --no-progress --out "/tmp/harness/$model" >>"$LOG" 2>&1
+    $METHODS --modes inference,training --batches "$BATCHES" \
+    --warmup 5 --steps 10 --rounds 5 --max-rounds 20 --max-timing-s 60 \
+    --no-progress --out "/tmp/harness/$model" >>"$LOG" 2>&1
   echo "harness $model rc=$? in $(( $(date +%s) - start )) s" >>"$LOG"
   if [ -f "/tmp/harness/$model/results.csv" ]; then
     if [ -f "$OUT/harness.csv" ]; then tail -n +2 "/tmp/harness/$model/results.csv" >>"$OUT/harness.csv"
     else cp "/tmp/harness/$model/results.csv" "$OUT/harness.csv"; fi
     cat "/tmp/harness/$model/results.md" >>"$OUT/harness.md"
+    cp "/tmp/harness/$model/step_time_ratio.png" "$OUT/step_time_ratio_$model.png" 2>/dev/null
   fi
 done
 date -u >>"$LOG"

@@ -13,6 +13,7 @@ import re
 import sys
 import time
 from collections import Counter
+from unittest import mock
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,8 @@ class CompileRecord:
     inductor_passes_s: float = 0.0  # Inductor's pre/post-grad FX passes (Optimus passes run there)
     instrument_s: float = 0.0  # our own bookkeeping, subtracted from compile time
     optimized_graphs: int = 0
-    eqsat_reports: list = field(default_factory=list)  # OptimizeReport per graph, if any
+    eqsat_reports: list = field(default_factory=list)  # OptimizeReport per graph, from gm.meta
+    backend: Any = None  # the method's inner backend; optimus_eqsat's keeps ``reports``
     _dynamo_kinds: Counter = field(default_factory=Counter)
 
     def observe_input(self, gm: torch.fx.GraphModule, example_inputs: Any = None) -> None:
@@ -70,22 +72,35 @@ class CompileRecord:
             self.pred_launches = self.pred_launches_dynamo
             self.pred_kinds = Counter(self._dynamo_kinds)
 
+    def reports(self) -> list:
+        """OptimizeReports of this compile: the backend's ``reports`` (the
+        documented way), else those found on the optimized graphs' meta."""
+        reports = getattr(self.backend, "reports", None)
+        return list(reports) if reports is not None else list(self.eqsat_reports)
+
     def eqsat_summary(self) -> dict[str, Any]:
-        """A few OptimizeReport fields over graphs: texts joined with ";", sizes summed."""
-        reports = self.eqsat_reports
+        """A few OptimizeReport fields over graphs, read defensively (the report
+        grows): texts joined with ";", sizes summed."""
+        reports = self.reports()
 
         def join(attr: str) -> str:
             return ";".join(str(getattr(r, attr, "")) for r in reports)
 
-        def total(size: Callable[[Any], int]) -> float:
-            return float(sum(size(r) for r in reports)) if reports else NAN
+        def total(size: Callable[[Any], Any]) -> float:
+            try:
+                return float(sum(size(r) or 0 for r in reports)) if reports else NAN
+            except (TypeError, ValueError):
+                return NAN
 
         fell_back = any(getattr(r, "fell_back", False) for r in reports)
         return {
             "eqsat_stop": join("stop_reason"),
             "eqsat_extractor": join("extractor"),
-            "eqsat_enodes": total(lambda r: getattr(r, "enodes", 0) or 0),
+            "eqsat_enodes": total(lambda r: getattr(r, "enodes", 0)),
             "eqsat_rules_fired": total(lambda r: sum((getattr(r, "rules_fired", None) or {}).values())),
+            "eqsat_launches_before": total(lambda r: getattr(r, "launches_before", None)),
+            "eqsat_launches_after": total(lambda r: getattr(r, "launches_after", None)),
+            "eqsat_phase_s": total(lambda r: sum((getattr(r, "phase_seconds", None) or {}).values())),
             "eqsat_fell_back": join("fell_back"),
             "eqsat_fallback_reason": join("fallback_reason") if fell_back else "",
         }
@@ -222,6 +237,28 @@ def observe_optimizers(record: CompileRecord, observe_pre_grad: bool) -> Iterato
 
 
 # --- counting the kernels Inductor emitted -------------------------------------
+
+
+@contextlib.contextmanager
+def capture_output_code() -> Iterator[list[str]]:
+    """Inductor's output code of every graph compiled inside, in order (each once).
+
+    ``torch._inductor.utils.run_and_get_code`` does the same but resets Dynamo
+    first, which would throw away the other methods of a case (they would
+    recompile later without their settings).
+    """
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+
+    def save_output_code(code: str) -> None:
+        if code not in codes:
+            codes.append(code)
+
+    with mock.patch.object(GraphLowering, "save_output_code", save_output_code):
+        yield codes
+
+
 
 _EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")
 

@@ -69,25 +69,39 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_step(step: Callable[[], object], device: str, warmup: int, repeats: int) -> list[float]:
-    """Milliseconds of each of ``repeats`` steps after ``warmup`` steps; CUDA events on GPU."""
-    for _ in range(warmup):
+def timed_step(step: Callable[[], object], device: str) -> Callable[[], float]:
+    """``step`` as a callable that runs it once and returns its wall-clock milliseconds.
+
+    Wall clock, not CUDA events: users pay the host time too (launch overhead,
+    Python, the optimizer's extra ops), and on small batches that is most of a
+    step. On CUDA the device is synchronized before and after, so queued work of
+    the previous step is not billed to this one.
+    """
+
+    def timed() -> float:
+        sync(device)
+        start = time.perf_counter()
         step()
-    sync(device)
-    times: list[float] = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
+        sync(device)
+        return (time.perf_counter() - start) * 1e3
+
+    return timed
+
+
+def cuda_graph_launches(step: Callable[[], object]) -> int:
+    """``cudaGraphLaunch`` calls during one step (CUDA profiler): > 0 when the
+    step replays CUDA graphs, so a cudagraph method that silently fell back shows 0."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return count_events(prof.events(), "cudaGraphLaunch")
+
+
+def count_events(events: Sequence[object], name: str) -> int:
+    """How many profiler events carry ``name``."""
+    return sum(1 for e in events if getattr(e, "name", None) == name)
 
 
 # --- peak memory ----------------------------------------------------------------
@@ -131,19 +145,22 @@ def _rss_peak_bytes(step: Callable[[], object]) -> int | None:
     return None if base is None or peak is None else max(peak - base, 0) * 1024
 
 
-def peak_memory_mb(step: Callable[[], object], device: str) -> tuple[float, str]:
-    """(peak MB allocated during one step above what was allocated before, how measured).
+def peak_memory_mb(step: Callable[[], object], device: str, steps: int = 1) -> tuple[float, str]:
+    """(peak MB allocated during ``steps`` steps above what was allocated before, how measured).
 
-    CUDA: ``torch.cuda.max_memory_allocated``. CPU: the torch profiler's
-    allocation events (exact for torch tensors; tracemalloc would miss them, as
-    torch's CPU allocator bypasses Python's); the peak-RSS growth is the
-    fallback if profiling fails.
+    CUDA: ``torch.cuda.max_memory_allocated`` over ``steps`` steps (give CUDA
+    graph methods three: their first run warms up and the second records into
+    the graph's private pool, whose blocks only count while being recorded).
+    CPU: the torch profiler's allocation events over one step (exact for torch
+    tensors; tracemalloc would miss them, as torch's CPU allocator bypasses
+    Python's); the peak-RSS growth is the fallback if profiling fails.
     """
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        step()
+        for _ in range(max(steps, 1)):
+            step()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20, "cuda_max_allocated"
     try:

@@ -1,4 +1,5 @@
-"""Writing a harness run: results.csv, results.md and PNG plots (matplotlib Agg)."""
+"""Writing a harness run: results.csv, summary.csv, results.md and the plots
+(:mod:`benchmarks.plots`)."""
 from __future__ import annotations
 
 import math
@@ -7,22 +8,18 @@ from typing import Any
 
 import pandas as pd
 
-# Columns in report order; anything else a row carries goes after these.
-COLUMNS = [
-    "model", "scale", "batch", "mode", "method", "rulesets", "extractor", "profile", "device",
-    "threads", "graphs", "fx_nodes", "pred_launches_dynamo", "pred_launches", "inductor_generated",
-    "inductor_extern", "inductor_launches", "launch_ratio_vs_inductor", "optimizer_s",
-    "inductor_passes_s", "compile_s", "run_ms", "run_ms_min", "run_ratio_vs_inductor", "peak_mem_mb",
-    "mem_source", "max_abs_diff_out", "max_abs_diff_grad", "emitted_kinds", "pred_kinds", "pred_profile",
-    "eqsat_stop", "eqsat_extractor", "eqsat_enodes", "eqsat_rules_fired", "eqsat_fell_back",
-    "eqsat_fallback_reason", "error",
-]
+from .columns import CASE, COLUMNS, parse_kinds, series_label, variant  # noqa: F401  (parse_kinds: re-exported)
+from .methods import BASELINE
+from .plots import write_plots
+
 # The Markdown table keeps the columns a reader compares at a glance.
 MD_COLUMNS = [
-    "model", "scale", "mode", "method", "variant", "fx_nodes", "pred_launches",
-    "inductor_launches", "launch_ratio_vs_inductor", "optimizer_s", "compile_s", "run_ms",
-    "run_ratio_vs_inductor", "peak_mem_mb", "max_abs_diff_out", "max_abs_diff_grad", "error",
+    "model", "batch", "mode", "threads", "method", "variant", "run_ms", "run_ms_p10", "run_ms_p90",
+    "rounds", "run_ratio_vs_inductor", "run_ratio_p10", "run_ratio_p90", "stable", "peak_mem_mb",
+    "peak_mem_ratio_vs_inductor", "compile_s", "compile_ratio_vs_inductor", "optimizer_s",
+    "inductor_launches", "launch_ratio_vs_inductor", "max_abs_diff_out", "max_abs_diff_grad", "error",
 ]
+SUMMARY_CASE = ["model", "mode", "batch", "threads"]
 
 
 def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -31,32 +28,66 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df[ordered + [c for c in df.columns if c not in ordered and c != "traceback"]]
 
 
-def variant(df: pd.DataFrame) -> pd.Series:
-    """The optimus_eqsat ablation label ("" for other methods)."""
-    labels = df["rulesets"] + "/" + df["extractor"] + "/" + df["profile"]
-    return labels.where(df["method"] == "optimus_eqsat", "").replace("default/default/default", "")
+def summary_table(df: pd.DataFrame, text: bool = True) -> pd.DataFrame:
+    """One row per (model, mode, batch, threads), one column per method: the
+    paired step-time ratio to Inductor's default; the baseline's own column,
+    ``inductor_ms``, holds its step time in milliseconds as the anchor.
+
+    ``text``: ratio cells read ``median [p10, p90]`` with ``*`` when the spread
+    did not reach the target, ``err`` for a failed method; else the median alone.
+    """
+    if df.empty:
+        return pd.DataFrame()
+    data = df.assign(series=series_label(df))
+    keys = [c for c in SUMMARY_CASE if c in data.columns]
+    if "scale" in data.columns and data["scale"].nunique() > 1:
+        keys.insert(1, "scale")
+    baseline = data["series"] == BASELINE
+    cells = data.apply(_summary_cell, axis=1) if text else data["run_ratio_vs_inductor"]
+    cells = cells.where(~baseline, data.get("run_ms"))
+    table = data.assign(cell=cells).pivot_table(index=keys, columns="series", values="cell",
+                                                aggfunc="first", sort=False, dropna=False)
+    methods = [m for m in dict.fromkeys(data["series"]) if m in table.columns]
+    methods.sort(key=lambda m: m != BASELINE)  # the anchor first
+    table = table.reindex(columns=methods).rename(columns={BASELINE: f"{BASELINE}_ms"})
+    return table.rename_axis(columns=None).reset_index()
 
 
-def series_label(df: pd.DataFrame) -> pd.Series:
-    """Method name, with the ablation variant when there is one."""
-    v = variant(df)
-    return df["method"].where(v == "", df["method"] + "[" + v + "]")
-
-
-def write_csv(df: pd.DataFrame, path: Path) -> None:
-    df.to_csv(path, index=False)
+def _summary_cell(row: pd.Series) -> str:
+    if row.get("error"):
+        return "err"
+    ratio = row.get("run_ratio_vs_inductor")
+    if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)):
+        return ""
+    low, high = row.get("run_ratio_p10", math.nan), row.get("run_ratio_p90", math.nan)
+    mark = "" if row.get("stable", True) else "*"
+    return f"{ratio:.2f} [{low:.2f}, {high:.2f}]{mark}"
 
 
 def write_markdown(df: pd.DataFrame, path: Path) -> None:
-    table = df.assign(variant=variant(df))
+    table = df.assign(variant=variant(df)) if "rulesets" in df.columns else df
     table = table[[c for c in MD_COLUMNS if c in table.columns]]
     mem = ", ".join(sorted(set(df.get("mem_source", pd.Series(dtype=str)).dropna()) - {""}))
+    devices = ", ".join(sorted(set(df["device"]))) if "device" in df.columns else "?"
     lines = [
         "# optimus-eqsat benchmark",
         "",
-        f"device: {', '.join(sorted(set(df['device'])))}; peak memory: {mem or 'n/a'}; "
-        "run_ms: median of repeats after warm-up; launches: kernels in Inductor's "
-        "output code (generated + extern), forward and backward in training.",
+        f"device: {devices}; peak memory: {mem or 'n/a'}.",
+        "",
+        "Step time: methods timed side by side in interleaved rounds; a method's time in a "
+        "round is the median of its steps there; `run_ms` is the median over rounds, "
+        "`_p10` / `_p90` the 10th / 90th percentiles over rounds. Ratios to Inductor's "
+        "default are taken per round (paired) and summarized the same way. `stable`: the "
+        "ratio's (p90 - p10) / median reached the target. Compile times are cold (Inductor "
+        "caches disabled). Launches: kernels in Inductor's output code (generated + extern), "
+        "forward and backward in training.",
+        "",
+        "## Step time / Inductor default: median [p10, p90] over rounds (* not stable); "
+        "inductor_ms: Inductor's own step time",
+        "",
+        _markdown_table(summary_table(df)),
+        "",
+        "## All rows",
         "",
         _markdown_table(table),
         "",
@@ -66,6 +97,8 @@ def write_markdown(df: pd.DataFrame, path: Path) -> None:
 
 def _markdown_table(df: pd.DataFrame) -> str:
     """A GitHub table without the optional ``tabulate`` dependency."""
+    if df.empty:
+        return "(no rows)"
 
     def cell(v: Any) -> str:
         if isinstance(v, float):
@@ -74,110 +107,19 @@ def _markdown_table(df: pd.DataFrame) -> str:
             return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.0f}"
         return str(v).replace("|", "\\|")
 
-    head = "| " + " | ".join(df.columns) + " |"
+    head = "| " + " | ".join(str(c) for c in df.columns) + " |"
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, rule, *body])
 
 
-def write_plots(df: pd.DataFrame, out: Path) -> list[Path]:
-    """launches.png, optimizer_time.png, kernel_kinds.png (those with data)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless; before pyplot is imported
-    ok = df[df["error"] == ""].assign(series=series_label(df))
-    paths = [
-        _plot_launches(ok, out / "launches.png"),
-        _plot_optimizer_time(ok, out / "optimizer_time.png"),
-        _plot_kinds(ok, out / "kernel_kinds.png"),
-    ]
-    return [p for p in paths if p is not None]
-
-
-def _plot_launches(df: pd.DataFrame, path: Path) -> Path | None:
-    """Grouped bars: emitted (or predicted) launches per model, one bar per method."""
-    import matplotlib.pyplot as plt
-
-    column = "inductor_launches" if df["inductor_launches"].notna().any() else "pred_launches"
-    data = df.assign(case=df["model"] + " s" + df["scale"].astype(str) + " " + df["mode"].str[:5])
-    table = data.pivot_table(index="case", columns="series", values=column, aggfunc="first")
-    if table.empty:
-        return None
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(table)), 4))
-    table.plot.bar(ax=ax, rot=30)
-    ax.set_ylabel(f"kernel launches ({column})")
-    ax.set_title("Kernel launches per model and method")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _plot_optimizer_time(df: pd.DataFrame, path: Path) -> Path | None:
-    """Log-log: graph optimizer seconds against Dynamo graph size.
-
-    optimus_eqsat plots optimize_graph time; Inductor methods plot the time of
-    their pre/post-grad FX passes (where Inductor's Optimus passes run).
-    """
-    import matplotlib.pyplot as plt
-
-    seconds = df["optimizer_s"].where(df["method"] == "optimus_eqsat", df["inductor_passes_s"])
-    data = df.assign(seconds=seconds).dropna(subset=["seconds", "fx_nodes"])
-    data = data[(data["seconds"] > 0) & (data["fx_nodes"] > 0)]
-    if data.empty:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for series, group in data.groupby("series"):
-        group = group.sort_values("fx_nodes")
-        ax.plot(group["fx_nodes"], group["seconds"], "o-", label=series)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("FX nodes (Dynamo graph)")
-    ax.set_ylabel("optimizer time [s]")
-    ax.set_title("Optimizer time vs graph size")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def parse_kinds(text: Any) -> dict[str, int]:
-    """Inverse of the harness's ``kind=count;...`` encoding."""
-    if not isinstance(text, str) or not text:
-        return {}
-    return {k: int(v) for k, v in (item.rsplit("=", 1) for item in text.split(";"))}
-
-
-def _plot_kinds(df: pd.DataFrame, path: Path) -> Path | None:
-    """Stacked bars: where the remaining launches go, by kernel kind (the cost
-    model's prediction when it exposes predict_kernels, else Inductor's code)."""
-    import matplotlib.pyplot as plt
-
-    column = "pred_kinds" if df["pred_kinds"].astype(bool).any() else "emitted_kinds"
-    counts = pd.DataFrame(
-        [parse_kinds(t) for t in df[column]],
-        index=df["model"] + " " + df["mode"].str[:5] + " " + df["series"],
-    ).fillna(0)
-    if counts.empty or not counts.to_numpy().any():
-        return None
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(counts)), 4.5))
-    counts.plot.bar(stacked=True, ax=ax, rot=75)
-    ax.set_ylabel("kernels")
-    ax.set_title(f"Launches by kernel kind ({column})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def write_all(rows: list[dict[str, Any]], out: Path) -> dict[str, Path]:
-    """CSV, Markdown and plots under ``out``; returns what was written."""
+    """results.csv, summary.csv, results.md and plots under ``out``; returns what was written."""
     out.mkdir(parents=True, exist_ok=True)
     df = to_frame(rows)
-    written = {"csv": out / "results.csv", "md": out / "results.md"}
-    write_csv(df, written["csv"])
+    written = {"csv": out / "results.csv", "summary": out / "summary.csv", "md": out / "results.md"}
+    df.to_csv(written["csv"], index=False)
+    summary_table(df, text=False).to_csv(written["summary"], index=False)
     write_markdown(df, written["md"])
     for plot in write_plots(df, out):
         written[plot.stem] = plot

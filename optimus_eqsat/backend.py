@@ -17,7 +17,7 @@ import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module
-from .guard import measure_and_choose
+from .guard import FirstCallChoice, GuardResult
 from .inductor_compat import first_line, is_dynamo_signal
 from .report import OptimizeReport
 
@@ -37,11 +37,12 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
 
     - ``inductor=False`` returns the optimized GraphModule itself (runs eagerly),
       which is handy for debugging rewrites without compiling;
-    - ``measure=True`` (default) compiles the original graph too, times both on the
-      example inputs in interleaved rounds (forward, and backward in training) and
-      keeps the optimized program only when it is faster beyond the noise
-      (:mod:`optimus_eqsat.guard`); ``report.measured`` says what was kept. It costs
-      one more Inductor compile and about ``measure_budget_s`` of timing;
+    - ``measure=True`` (default) compiles the original graph too; the first call of the
+      compiled program times both on its inputs in interleaved rounds (forward, and
+      backward in training) and keeps the optimized program only when it is faster
+      beyond the noise (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what
+      was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
+      timing on the first call;
     - ``measure_budget_s`` (default 1.0): seconds of interleaved timing.
     """
     use_inductor = options.pop("inductor", True)
@@ -98,26 +99,22 @@ def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Seq
 
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float) -> Callable:
-    """The faster of ``compiled`` and the original graph compiled, by measurement."""
+    """``compiled`` and the original graph compiled, of which the first call keeps the faster."""
     start = time.perf_counter()
     baseline = compile_fx(copy_module(original), example_inputs)
     compile_s = time.perf_counter() - start
-    try:
-        result = measure_and_choose({"original": baseline, "optimized": compiled}, original, example_inputs,
-                                    training_step(example_inputs), budget_s=budget_s)
-    except Exception as exc:
-        if is_dynamo_signal(exc):
-            raise
-        # Nothing says the optimized program is faster: keep the original.
-        log.warning("optimus_eqsat: could not time the programs (%s); keeping the original", first_line(exc))
-        report.fell_back, report.fallback_reason = True, f"measurement failed: {first_line(exc, 400)}"
-        return baseline
-    result.compile_s["original"] = compile_s
-    report.measured = result
-    if result.kept == "original":
-        report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
-        return baseline
-    return compiled
+
+    def record(result: GuardResult | Exception) -> None:
+        if isinstance(result, Exception):
+            report.fell_back, report.fallback_reason = True, f"measurement failed: {first_line(result, 400)}"
+            return
+        result.compile_s["original"] = compile_s
+        report.measured = result
+        if result.kept == "original":
+            report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
+        log.info("optimus_eqsat: %s", result.summary())
+
+    return FirstCallChoice({"original": baseline, "optimized": compiled}, original, budget_s, record)
 
 
 def _log_report(report: OptimizeReport | None) -> None:

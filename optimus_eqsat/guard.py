@@ -12,6 +12,11 @@ A step is what the user pays: the forward in inference, forward and backward
 in training. The user's state is left alone: gradients are returned by
 ``torch.autograd.grad`` (nothing accumulates into ``.grad``), inputs the graph
 writes to are cloned, and the RNG state is restored after timing.
+
+In the ``torch.compile`` backend the measurement happens on the first call of
+the compiled program (:class:`FirstCallChoice`), on that call's inputs: running
+a compiled backward inside Dynamo's own compile trips its compile metrics, and
+whether the step is a training step is only known at the call.
 """
 
 from __future__ import annotations
@@ -149,6 +154,41 @@ def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin
               "not faster beyond the noise" if median < 1 else "slower")
     return GuardResult(kept, {k: statistics.median(v) for k, v in rounds.items()}, median, p25, p75,
                        len(ratios), reason=reason)
+
+
+class FirstCallChoice:
+    """A compiled program that times its candidates on its first call and then runs the one kept.
+
+    ``programs`` holds compiled callables of one function under the names ``baseline``
+    and ``candidate``; ``gm`` is that function's graph (to find inputs it writes to).
+    ``on_result`` receives the :class:`GuardResult`, or the exception when timing failed
+    (the baseline is then kept: nothing showed the candidate faster)."""
+
+    def __init__(self, programs: dict[str, Program], gm: torch.fx.GraphModule, budget_s: float,
+                 on_result: Callable[[GuardResult | Exception], None], baseline: str = "original",
+                 candidate: str = "optimized"):
+        self.programs, self.gm, self.budget_s, self.on_result = programs, gm, budget_s, on_result
+        self.baseline, self.candidate = baseline, candidate
+        self.chosen: Program | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.chosen is None:
+            self.chosen = self.programs[self._decide(args)]
+            self.programs = {}  # the program not kept can be freed
+        return self.chosen(*args)
+
+    def _decide(self, args: Sequence[Any]) -> str:
+        training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in args)
+        try:
+            result = measure_and_choose(self.programs, self.gm, args, training, self.baseline, self.candidate,
+                                        budget_s=self.budget_s)
+        except Exception as exc:  # never fail the user's step over a measurement
+            log.warning("optimus_eqsat: could not time the programs (%s: %s); keeping the original",
+                        type(exc).__name__, str(exc).strip().splitlines()[:1])
+            self.on_result(exc)
+            return self.baseline
+        self.on_result(result)
+        return result.kept
 
 
 def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

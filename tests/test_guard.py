@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from optimus_eqsat.guard import choose, measure_and_choose, mutated_placeholders, step_function, time_interleaved
+from optimus_eqsat.guard import FirstCallChoice, choose, measure_and_choose, mutated_placeholders, step_function, time_interleaved
 
 
 def _rounds(base: list[float], factor: list[float]) -> dict[str, list[float]]:
@@ -97,7 +97,7 @@ def test_a_much_slower_program_is_measured_slower():
 def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
     import torch._inductor.compile_fx as cfx
 
-    import optimus_eqsat.backend as backend_module
+    import optimus_eqsat.guard as guard_module
     from optimus_eqsat.backend import make_backend
     from optimus_eqsat.guard import GuardResult
     from tests.models import SplitTowers
@@ -108,17 +108,52 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
         compiled.append(gm)  # first the optimized graph, then the original
         return gm
 
-    def fake_measure(programs, gm, example_inputs, training, budget_s):
+    def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s):
         assert set(programs) == {"original", "optimized"} and not training
         return GuardResult(kept, {"original": 1.0, "optimized": 2.0}, 2.0, 1.9, 2.1, 5)
 
     monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
-    monkeypatch.setattr(backend_module, "measure_and_choose", fake_measure)
+    monkeypatch.setattr(guard_module, "measure_and_choose", fake_measure)
     model = SplitTowers(towers=4, width=8).eval()
     backend = make_backend()
+    x = torch.randn(5, 32)
     with torch.no_grad():
-        program = backend(torch.fx.symbolic_trace(model), [torch.randn(5, 32)])
-    report = backend.reports[-1]
-    assert len(compiled) == 2 and report.measured.kept == kept
-    assert program is compiled[1 if kept == "original" else 0]
+        program = backend(torch.fx.symbolic_trace(model), [x])
+        report = backend.reports[-1]
+        assert len(compiled) == 2 and report.measured is None  # measured on the first call
+        torch.testing.assert_close(program(x), model(x))
+    assert report.measured.kept == kept
+    assert program.chosen is compiled[1 if kept == "original" else 0]
     assert report.fell_back == (kept == "original") and "step time" in report.summary()
+
+
+def test_first_call_keeps_the_original_when_timing_fails():
+    results = []
+    fast = lambda x: x + 1  # noqa: E731
+
+    def broken(x):
+        raise RuntimeError("cannot run here")
+
+    choice = FirstCallChoice({"original": fast, "optimized": broken}, torch.fx.symbolic_trace(fast), 0.0,
+                             results.append)
+    assert torch.equal(choice(torch.ones(2)), torch.full((2,), 2.0))
+    assert choice.chosen is fast and isinstance(results[0], RuntimeError)
+
+
+def test_training_compile_then_backward_through_the_backend():
+    # The measurement runs a compiled backward: on the first call, not inside Dynamo's compile.
+    from optimus_eqsat.backend import make_backend
+    from tests.models import SplitTowers
+
+    model = SplitTowers(towers=4, width=8)
+    backend = make_backend(measure_budget_s=0.05)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(6, 32)
+    compiled(x).sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+    assert backend.reports[-1].measured is not None

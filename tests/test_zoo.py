@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.zoo import MODELS
+from benchmarks.zoo import ALL_MODELS, BIG_MODELS, BIG_ROWS, MODELS
 
 BATCH = 4
 
@@ -103,3 +103,35 @@ def test_inductor_compiles_forward_backward(spec, request):
     _assert_same(compiled(*inputs), model(*inputs))
     sum(o.sum() for o in _flat(compiled(*inputs))).backward()
     torch._dynamo.reset()
+
+
+# --- the big-table variants: built on the meta device (no memory), or with few rows ---
+
+
+def test_big_variants_have_big_tables_reached_by_the_rows_parameter():
+    assert set(BIG_MODELS) == {"dlrm_big", "dcnv2_big", "deepfm_big", "mmoe_big"}
+    assert not set(BIG_MODELS) & set(MODELS)  # out of the default test paths
+    for name, spec in BIG_MODELS.items():
+        assert spec.rows == BIG_ROWS >= 100_000 and ALL_MODELS[name] is spec
+        with torch.device("meta"):
+            model = spec.build()
+        tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+        assert tables and all(t.num_embeddings == BIG_ROWS for t in tables), name
+
+
+def test_big_variant_inputs_index_the_whole_table_range():
+    for spec in BIG_MODELS.values():
+        sparse = [x for x in spec.inputs(batch=2048, seed=0) if not x.is_floating_point()][0]
+        assert 0 <= int(sparse.min()) < BIG_ROWS // 100 and BIG_ROWS * 0.99 < int(sparse.max()) < BIG_ROWS
+
+
+def test_with_rows_builds_runnable_models_of_any_table_size():
+    for name in ("dlrm", "dcnv2", "deepfm", "mmoe", "ple"):
+        spec = MODELS[name].with_rows(37)
+        model = spec.build()
+        assert {m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)} == {37}
+        inputs = spec.inputs(BATCH, 0)
+        assert max(int(x.max()) for x in inputs if not x.is_floating_point()) < 37
+        _flat(model(*inputs))
+    with pytest.raises(ValueError):
+        MODELS["transformer"].with_rows(10)

@@ -26,11 +26,11 @@ class DeepFM(nn.Module):
     Input: sparse (B, F, 1) int64. Output: (B, 1) CTR.
     """
 
-    def __init__(self, scale: int = 1) -> None:
+    def __init__(self, scale: int = 1, rows: int = ROWS) -> None:
         super().__init__()
         fields = num_fields(scale)
-        self.first_order = PooledEmbeddings(fields, ROWS, 1)
-        self.embeddings = PooledEmbeddings(fields, ROWS, EMB_DIM)
+        self.first_order = PooledEmbeddings(fields, rows, 1)
+        self.embeddings = PooledEmbeddings(fields, rows, EMB_DIM)
         self.deep = MLP([fields * EMB_DIM, 64, 32, 1])
 
     def forward(self, sparse: torch.Tensor) -> torch.Tensor:
@@ -51,11 +51,11 @@ class DCNv2(nn.Module):
     Inputs: dense (B, 13) float, sparse (B, F, 1) int64. Output: (B, 1) CTR.
     """
 
-    def __init__(self, scale: int = 1) -> None:
+    def __init__(self, scale: int = 1, rows: int = ROWS) -> None:
         super().__init__()
         fields = num_fields(scale)
         width = DENSE_DIM + fields * EMB_DIM
-        self.embeddings = PooledEmbeddings(fields, ROWS, EMB_DIM)
+        self.embeddings = PooledEmbeddings(fields, rows, EMB_DIM)
         self.cross = nn.ModuleList(CrossLayer(width) for _ in range(CROSS_LAYERS))
         self.deep = MLP([width, 64, 32], final_act=True)
         self.head = nn.Linear(width + 32, 1)
@@ -68,14 +68,14 @@ class DCNv2(nn.Module):
         return torch.sigmoid(self.head(torch.cat([x, self.deep(x0)], dim=1)))
 
 
-def deepfm_inputs(batch: int, seed: int, scale: int = 1) -> tuple[torch.Tensor, ...]:
+def deepfm_inputs(batch: int, seed: int, scale: int = 1, rows: int = ROWS) -> tuple[torch.Tensor, ...]:
     """(sparse,) for :class:`DeepFM`."""
-    return (build_inputs.sparse(batch, num_fields(scale), BAG, ROWS, seed),)
+    return (build_inputs.sparse(batch, num_fields(scale), BAG, rows, seed),)
 
 
-def dcn_inputs(batch: int, seed: int, scale: int = 1) -> tuple[torch.Tensor, ...]:
+def dcn_inputs(batch: int, seed: int, scale: int = 1, rows: int = ROWS) -> tuple[torch.Tensor, ...]:
     """(dense, sparse) for :class:`DCNv2`."""
     return (
         build_inputs.dense(batch, DENSE_DIM, seed),
-        build_inputs.sparse(batch, num_fields(scale), BAG, ROWS, seed),
+        build_inputs.sparse(batch, num_fields(scale), BAG, rows, seed),
     )

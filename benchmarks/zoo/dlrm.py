@@ -22,11 +22,11 @@ def num_tables(scale: int) -> int:
 class DLRM(nn.Module):
     """Inputs: dense (B, 13) float, sparse (B, T, bag) int64. Output: (B, 1) CTR."""
 
-    def __init__(self, scale: int = 1) -> None:
+    def __init__(self, scale: int = 1, rows: int = ROWS) -> None:
         super().__init__()
         tables = num_tables(scale)
         self.bottom = MLP([DENSE_DIM, 64, EMB_DIM], final_act=True)
-        self.embeddings = PooledEmbeddings(tables, ROWS, EMB_DIM)
+        self.embeddings = PooledEmbeddings(tables, rows, EMB_DIM)
         self.interaction = DotInteraction(tables + 1)
         pairs = (tables + 1) * tables // 2
         self.top = MLP([EMB_DIM + pairs, 64, 32, 1])
@@ -38,9 +38,9 @@ class DLRM(nn.Module):
         return torch.sigmoid(self.top(top_in))
 
 
-def make_inputs(batch: int, seed: int, scale: int = 1) -> tuple[torch.Tensor, ...]:
-    """(dense, sparse) for :class:`DLRM` at the given scale."""
+def make_inputs(batch: int, seed: int, scale: int = 1, rows: int = ROWS) -> tuple[torch.Tensor, ...]:
+    """(dense, sparse) for :class:`DLRM` at the given scale and table size."""
     return (
         build_inputs.dense(batch, DENSE_DIM, seed),
-        build_inputs.sparse(batch, num_tables(scale), BAG, ROWS, seed),
+        build_inputs.sparse(batch, num_tables(scale), BAG, rows, seed),
     )

@@ -21,9 +21,9 @@ IN_DIM = DENSE_DIM + NUM_TABLES * EMB_DIM
 class InputArch(nn.Module):
     """Concatenates dense features with pooled embeddings: (B, IN_DIM)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int = ROWS) -> None:
         super().__init__()
-        self.embeddings = PooledEmbeddings(NUM_TABLES, ROWS, EMB_DIM)
+        self.embeddings = PooledEmbeddings(NUM_TABLES, rows, EMB_DIM)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         return torch.cat([dense, *self.embeddings(sparse)], dim=1)
@@ -45,10 +45,10 @@ class MMoE(nn.Module):
     Output: a tuple of NUM_TASKS (B, 1) probabilities.
     """
 
-    def __init__(self, scale: int = 1) -> None:
+    def __init__(self, scale: int = 1, rows: int = ROWS) -> None:
         super().__init__()
         num_experts = 6 * scale  # >= 5: Inductor's min_fuse_set_size for batching
-        self.input = InputArch()
+        self.input = InputArch(rows)
         self.experts = experts(num_experts, IN_DIM)
         self.gates = nn.ModuleList(Gate(IN_DIM, num_experts) for _ in range(NUM_TASKS))
         self.towers = towers()
@@ -91,10 +91,10 @@ class PLE(nn.Module):
     """Progressive Layered Extraction with 2 levels; 2 experts per group per unit
     of scale. Output: a tuple of NUM_TASKS (B, 1) probabilities."""
 
-    def __init__(self, scale: int = 1, levels: int = 2) -> None:
+    def __init__(self, scale: int = 1, levels: int = 2, rows: int = ROWS) -> None:
         super().__init__()
         per_group = 2 * scale
-        self.input = InputArch()
+        self.input = InputArch(rows)
         dims = [IN_DIM] + [EXPERT_SIZES[-1]] * (levels - 1)
         self.levels = nn.ModuleList(
             PLELevel(d, per_group, last=i == levels - 1) for i, d in enumerate(dims)
@@ -109,9 +109,9 @@ class PLE(nn.Module):
         return self.towers(states)
 
 
-def make_inputs(batch: int, seed: int, scale: int = 1) -> tuple[torch.Tensor, ...]:
+def make_inputs(batch: int, seed: int, scale: int = 1, rows: int = ROWS) -> tuple[torch.Tensor, ...]:
     """(dense, sparse) for :class:`MMoE` and :class:`PLE` (independent of scale)."""
     return (
         build_inputs.dense(batch, DENSE_DIM, seed),
-        build_inputs.sparse(batch, NUM_TABLES, BAG, ROWS, seed),
+        build_inputs.sparse(batch, NUM_TABLES, BAG, rows, seed),
     )
