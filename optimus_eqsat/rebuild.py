@@ -32,7 +32,7 @@ from .fxvocab import (
     node_tensor_infos,
     target_name,
 )
-from .term import CTORS
+from .term import CTORS, OP_CTORS
 from .translate import Translation
 
 log = logging.getLogger(__name__)
@@ -284,7 +284,7 @@ class Rebuilder:
             return self._call(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)
-        elif ctor in ("Unary", "Binary", "Op1", "Op2", "Op3"):
+        elif ctor in OP_CTORS:  # (Scalar, also an op constructor, is handled above)
             spec = self.t.registry.specs[args[0]]
             return spec.emit(g, [val(a) for a in args[1:]], name=self._fresh_name(spec.target))
         else:
