@@ -96,7 +96,8 @@ class CalibratedProfile:
             raise ValueError(f"profile {self.device!r} has no matmul table")
         point = (math.log2(max(2.0 * batch * m * n * k, 1.0)), math.log2(max(min(m, n, k), 1)))
         scored = sorted(
-            (math.dist(point, (math.log2(e.flops), math.log2(min(e.m, e.n, e.k)))), e) for e in entries
+            ((math.dist(point, (math.log2(e.flops), math.log2(min(e.m, e.n, e.k)))), e) for e in entries),
+            key=lambda scored_entry: scored_entry[0],  # equal distances: keep table order, never compare entries
         )[:4]
         if scored[0][0] < 1e-9 or len(scored) == 1:
             return scored[0][1].flops_per_s
