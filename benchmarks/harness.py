@@ -161,7 +161,7 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
     from torch._inductor import config as inductor_config
 
     model = copy.deepcopy(ref.model)
-    record = instrument.CompileRecord(profile=_pred_profile(method, case))
+    record = instrument.CompileRecord(profile=_pred_profile(method, case), training=case.training)
     patch = dict(method.inductor_config)
     if config.disable_caches:
         patch["force_disable_caches"] = True
@@ -193,6 +193,8 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
         fx_nodes=record.fx_nodes,
         pred_launches_dynamo=record.pred_launches_dynamo,
         pred_launches=record.pred_launches,
+        pred_step_ms_dynamo=record.pred_step_s_dynamo * 1e3,
+        pred_step_ms=record.pred_step_s * 1e3,
         inductor_generated=generated,
         inductor_extern=extern,
         inductor_launches=generated + extern,
