@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="start no round after this many seconds of timing in a case")
     timing.add_argument("--round-warmup", type=int, default=1, help="untimed steps at the start of each turn")
     timing.add_argument("--order", default="rotate", choices=ORDERS, help="turn order across rounds")
+    timing.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="wall clock, or this process's CPU time (one thread on a shared CPU only)")
     p.add_argument("--rulesets", help="optimus_eqsat rule sets, e.g. 'splitcat;splitcat,algebraic,batching'")
     p.add_argument("--extractor", help="optimus_eqsat extractor(s), e.g. 'greedy;ilp;auto'")
     p.add_argument("--profile", help="optimus_eqsat cost profile(s), e.g. 'h100'")
@@ -121,6 +123,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        max_seconds=args.max_timing_s, order=args.order, seed=args.seed),
         disable_caches=not args.keep_caches,
         progress=not args.no_progress,
+        clock=args.clock,
     )
 
 

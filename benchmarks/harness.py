@@ -91,6 +91,7 @@ class BenchConfig:
     # Compile from scratch each time: cache hits would make compile times meaningless.
     disable_caches: bool = True
     progress: bool = True
+    clock: str = "wall"  # "cpu": process CPU time (one thread on a shared CPU; see measure.timed_step)
 
     def method_list(self) -> list[Method]:
         return make_methods(self.methods or default_methods(self.device), self.eqsat_variants, self.device)
@@ -270,7 +271,7 @@ def run_case(case: Case, methods: list[Method], config: BenchConfig, say: Any = 
                 if rows[label]["error"]:
                     del live[label]
             say(f"{case}: timing {len(live)} methods")
-            steps = {label: measure.timed_step(c.step, case.device) for label, c in live.items()}
+            steps = {label: measure.timed_step(c.step, case.device, config.clock) for label, c in live.items()}
             result = _without_gc(run_rounds, steps, config.plan, baseline=BASELINE)
             for label, c in live.items():
                 row = rows[label]

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="32")
     p.add_argument("--threads", default="1")
     p.add_argument("--max-rounds", type=int, default=30)
+    p.add_argument("--clock", default="cpu", choices=("wall", "cpu"),
+                   help="cpu (default): this process's CPU time, robust to other jobs with one thread")
     p.add_argument("--out", default="benchmarks/results/step_time_model.md")
     args = p.parse_args(argv)
     models = list(MODELS) if args.models == "all" else args.models.split(",")
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                          batches=[int(b) for b in args.batches.split(",")],
                          threads=[int(t) for t in args.threads.split(",")],
                          eqsat_variants=[EqsatOptions(measure=False)],
-                         plan=RoundPlan(max_rounds=args.max_rounds), progress=False)
+                         plan=RoundPlan(max_rounds=args.max_rounds), progress=False, clock=args.clock)
     table = tabulate(run(config))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -102,7 +102,10 @@ class DeviceProfile:
     Host time per wrapper operation: ``launch_overhead_s`` per generated kernel,
     ``extern_launch_overhead_s`` per extern call (None: the same), ``alloc_s``
     per buffer, ``custom_op_s`` per custom-op dispatch, ``call_s`` per call of
-    the compiled graph. Device time: ``mem_bandwidth_bytes_per_s`` (times
+    the compiled graph, ``input_s`` per graph input of a call and
+    ``trained_input_s`` per input that requires grad in a training step (these
+    two are the same for every program of one model: they move the step time,
+    never the choice). Device time: ``mem_bandwidth_bytes_per_s`` (times
     ``bandwidth_efficiency``), ``pointwise_flops_per_s``, and matmuls at
     ``matmul_flops_per_s`` (fp32) or ``half_matmul_flops_per_s`` (bf16/fp16),
     or from ``calibration``'s measured table when it is for the dtype at hand;
@@ -132,6 +135,8 @@ class DeviceProfile:
     overlap: bool = True
     device_kernel_s: float = 0.0
     half_matmul_flops_per_s: float | None = None
+    input_s: float = 0.0  # per graph input per call: Dynamo's guards, the wrapper's arguments
+    trained_input_s: float = 0.0  # per input requiring grad per training step: autograd's bookkeeping
     calibration: "CalibratedProfile | None" = dataclasses.field(default=None, compare=False, repr=False)
 
     def launch_s(self, kind: KernelKind) -> float:
@@ -169,6 +174,7 @@ def _from_calibration(name: str, cal: "CalibratedProfile", **device: Any) -> Dev
     fields: dict[str, Any] = dict(
         name=name, launch_overhead_s=cal.generated_kernel_s, extern_launch_overhead_s=cal.extern_call_s,
         call_s=cal.call_s, alloc_s=cal.alloc_s, custom_op_s=cal.custom_op_s or 0.0,
+        input_s=cal.input_s or 0.0, trained_input_s=cal.trained_input_s or 0.0,
         mem_bandwidth_bytes_per_s=cal.mem_bandwidth_bytes_per_s, pointwise_flops_per_s=cal.pointwise_flops_per_s,
         matmul_flops_per_s=max((e.flops_per_s for e in cal.matmul), default=cal.pointwise_flops_per_s),
         bandwidth_efficiency=1.0 if cpu else 0.8,  # the CPU figure is a measured sustained rate

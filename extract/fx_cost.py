@@ -122,7 +122,12 @@ def predicted_step_time(
     plans, pricing = plan_kernels(gm, example_inputs, prof)
     kernels = [kernel for plan in plans for kernel in pricing.price(plan)]
     costs = [(k.host_s, k.device_s) for k in kernels]
+    inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    forward = step_seconds(prof, costs) + inputs * prof.input_s
     if not training:
-        return step_seconds(prof, costs)
-    backward = pricing.backward_costs(kernels, needs_grad(gm, example_inputs))
-    return step_seconds(prof, costs) + step_seconds(prof, backward)
+        return forward
+    grad = needs_grad(gm, example_inputs)
+    trained = sum(1 for n in grad if n.op in ("placeholder", "get_attr")) + sum(
+        1 for n in grad if n.op == "call_module" for p in gm.get_submodule(n.target).parameters() if p.requires_grad)
+    backward = pricing.backward_costs(kernels, grad)
+    return forward + step_seconds(prof, backward) + trained * prof.trained_input_s
