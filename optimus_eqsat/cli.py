@@ -85,6 +85,7 @@ def _add_check_rules_parser(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--samples", type=int, default=100, help="valid instances to test per rule (default 100)")
     chk.add_argument("--seed", type=int, default=0)
     chk.add_argument("--time-limit", type=float, default=None, help="seconds per file (default: none)")
+    chk.add_argument("--rule", action="append", default=None, metavar="NAME", help="check only this rule (repeatable)")
     chk.add_argument("--no-mixed-dtypes", action="store_true",
                      help="one dtype per instance (by default some instances mix float dtypes)")
 
@@ -98,7 +99,7 @@ def run_check_rules(args: argparse.Namespace) -> int:
     for path in args.files:
         try:
             verdicts = check_rules(path, samples=args.samples, seed=args.seed, time_limit_s=args.time_limit,
-                                   mixed_dtypes=not args.no_mixed_dtypes)
+                                   mixed_dtypes=not args.no_mixed_dtypes, only=args.rule)
         except RuleFileError as exc:
             print(f"check-rules: {exc}", file=sys.stderr)
             status = 2

@@ -90,7 +90,7 @@ def shipped_programs() -> list[str]:
 
 def check_rules(source: str | Path | RuleSet, samples: int = 100, seed: int = 0,
                 time_limit_s: float | None = None, rule_time_limit_s: float | None = None,
-                mixed_dtypes: bool = True) -> list[RuleVerdict]:
+                mixed_dtypes: bool = True, only: Iterable[str] | None = None) -> list[RuleVerdict]:
     """Test every rule of a rule file (a path, or a :class:`RuleSet`) on random instances.
 
     Each rule is tried until ``samples`` valid instances passed, a counterexample turned
@@ -98,7 +98,8 @@ def check_rules(source: str | Path | RuleSet, samples: int = 100, seed: int = 0,
     is left is then split among the remaining rules); a rule with no valid instance is
     "not checked". ``mixed_dtypes=False`` draws one dtype per instance (by default some
     instances mix float dtypes, and type promotion makes several shipped rules unsound
-    there: the e-graph tracks no dtypes). Raises RuleFileError when the file cannot be read.
+    there: the e-graph tracks no dtypes). ``only``: the names of the rules to check (all
+    by default). Raises RuleFileError when the file cannot be read.
     """
     if isinstance(source, RuleSet):
         text = source.program
@@ -107,16 +108,23 @@ def check_rules(source: str | Path | RuleSet, samples: int = 100, seed: int = 0,
             text = Path(source).read_text()
         except OSError as exc:
             raise RuleFileError(f"{source}: cannot read the rule file: {exc.strerror or exc}") from None
-    return check_program(text, samples, seed, time_limit_s, rule_time_limit_s, mixed_dtypes)
+    return check_program(text, samples, seed, time_limit_s, rule_time_limit_s, mixed_dtypes, only)
 
 
 def check_program(text: str, samples: int = 100, seed: int = 0, time_limit_s: float | None = None,
-                  rule_time_limit_s: float | None = None, mixed_dtypes: bool = True) -> list[RuleVerdict]:
+                  rule_time_limit_s: float | None = None, mixed_dtypes: bool = True,
+                  only: Iterable[str] | None = None) -> list[RuleVerdict]:
     """:func:`check_rules` on egglog program text."""
     try:
         program = read_program(text)
     except ValueError as exc:
         raise RuleFileError(f"cannot read the rule program: {exc}") from None
+    if only is not None:
+        wanted = set(only)
+        program.rules = [r for r in program.rules if r.label in wanted]
+        missing = wanted - {r.label for r in program.rules}
+        if missing:
+            raise RuleFileError(f"no rule named {', '.join(sorted(missing))}")
     env = environment([*shipped_programs(), text])
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     verdicts = []

@@ -48,7 +48,7 @@ class Instance:
             elif isinstance(t, Node):
                 v = self._node(t, matched, hint)
             else:
-                v = self._call(t, matched)
+                v = self._call(t, matched, hint)
         finally:
             self._busy.discard(key)
         self.values[key] = v
@@ -79,7 +79,7 @@ class Instance:
 
     def _slice(self, node: Node, matched: bool) -> TV:
         x_t, d_t, a_t, b_t = node.args
-        x = self.value(x_t, matched)
+        x = self.value(x_t, matched, ("Slice", "x", [], None))
         if not isinstance(x, TV):
             raise Invalid("Slice of a non-tensor")
         shape = tuple(x.value.shape)
@@ -99,7 +99,10 @@ class Instance:
         ctor, field, prev, outer = hint or (None, None, [], None)
         sort = var.sort
         if sort == "Tensor":
-            return space.tensor(self._operand_shape(ctor, prev) or space.shape())
+            shape = self._operand_shape(ctor, prev) or space.shape()
+            if ctor == "Slice" and not shape:  # a sliced tensor has a dim
+                shape = (space.size(),)
+            return space.tensor(shape)
         if sort == "TList":
             return space.list_like(prev[0] if ctor == "TCons" and prev else None)
         if sort == "String":
@@ -116,6 +119,8 @@ class Instance:
             if ctor == "Expand":
                 return space.expand_target(shape)
             return shape
+        if ctor == "Slice" and field == "dim" and prev and isinstance(prev[0], TV):
+            return space.dim_of(tuple(prev[0].value.shape))
         if ctor == "TNil":  # the dim of a list: within the rank of the members before it
             _, _, before, _ = outer or (None, None, [], None)
             head = before[0] if before and isinstance(before[0], TV) else None
@@ -136,7 +141,9 @@ class Instance:
             return self.space.broadcast_like(tensors[0])
         return None
 
-    def _call(self, call: Call, matched: bool) -> object:
+    def _call(self, call: Call, matched: bool, hint: tuple | None = None) -> object:
+        if call.fn == "ldim":
+            return self._ldim(call.args[0], matched, hint)
         fn = PRIMITIVES[call.fn]
         args = [self.value(a, matched) for a in call.args]
         try:
@@ -145,6 +152,20 @@ class Instance:
             raise
         except Exception as exc:  # a primitive applied outside its domain: no match
             raise Invalid(f"{call.fn}: {exc}") from None
+
+    def _ldim(self, t: object, matched: bool, hint: tuple | None) -> int:
+        """A list's dim, read from its end: a member may depend on it (the dim of a Slice in
+        the list is the list's), so the members are not evaluated for it. A dim still to
+        draw is drawn for the position asking (``hint``: a Slice's dim)."""
+        t = self.goal.resolve(t)
+        while isinstance(t, Node) and t.ctor in ("TCons", "LAppend", "MapUnary") and id(t) not in self.values:
+            t = self.goal.resolve(t.args[1])
+        if isinstance(t, Node) and t.ctor == "TNil" and id(t) not in self.values:
+            return self.value(t.args[0], matched, hint)
+        lst = self.value(t, matched)
+        if not isinstance(lst, ListVal):
+            raise Invalid("ldim of a non-list")
+        return lst.dim
 
     # ---------------------------------------------------------------- the query
     def match(self) -> None:

@@ -72,10 +72,12 @@ class Goal:
     bindings: dict = field(default_factory=dict)
     roots: list = field(default_factory=list)
     constraints: list = field(default_factory=list)  # ("eq", a, b) | ("true", call)
-    pending: list = field(default_factory=list)  # (relation, args, depth)
+    pending: list = field(default_factory=list)  # (relation, args, depth); depth None: derivation complete
+    solved: list = field(default_factory=list)  # (relation, args) whose derivation is complete
 
     def copy(self) -> "Goal":
-        return Goal(dict(self.bindings), list(self.roots), list(self.constraints), list(self.pending))
+        return Goal(dict(self.bindings), list(self.roots), list(self.constraints), list(self.pending),
+                    list(self.solved))
 
     def resolve(self, t: object) -> object:
         """Follow variable bindings to a structure, a literal, a call or a free variable."""
@@ -100,13 +102,15 @@ def literal(atom: str) -> Lit | None:
     return None
 
 
-def _occurs(v: Var, t: object, goal: Goal) -> bool:
-    work = [t]
+def _occurs(v: Var, t: object, goal: Goal, through_calls: bool) -> bool:
+    """Does ``v`` occur in ``t`` (inside structures; inside calls too with ``through_calls``)?"""
+    work, seen = [t], set()
     while work:
         t = goal.resolve(work.pop())
         if t is v:
             return True
-        if isinstance(t, (Node, Call)):
+        if (isinstance(t, Node) or (through_calls and isinstance(t, Call))) and id(t) not in seen:
+            seen.add(id(t))  # through calls, structures may refer back to themselves
             work.extend(t.args)
     return False
 
@@ -122,11 +126,13 @@ def unify(goal: Goal, a: object, b: object) -> bool:
         if isinstance(b, Var) and not isinstance(a, Var):
             a, b = b, a
         if isinstance(a, Var):
-            if _occurs(a, b, goal):
-                if isinstance(b, Node):
-                    return False  # a finite term cannot contain itself
-                goal.constraints.append(("eq", a, b))
+            if _occurs(a, b, goal, through_calls=False):
+                return False  # a finite structure cannot contain itself
+            if isinstance(b, Call) and _occurs(a, b, goal, through_calls=True):
+                goal.constraints.append(("eq", a, b))  # x = f(.. x ..): a condition, not a definition
             else:
+                # (a value inside b's calls may still need a's: the list dim (= d (ldim l)) of
+                # l = (TCons (Slice x d ..) ..); evaluation breaks such loops where it can)
                 goal.bindings[a] = b
                 if isinstance(b, Var) and b.sort is None:
                     b.sort = a.sort
@@ -219,21 +225,39 @@ class Solver:
         return self._search(goal)
 
     def _search(self, goal: Goal) -> Goal | None:
+        """Depth first: an atom's derivation is complete before the next atom is unfolded, so
+        an atom may reuse the tuple of a completed one (never its own ancestors: no cycles)."""
         if not goal.pending:
             return goal
         name, args, depth = goal.pending[0]
+        if depth is None:  # the marker after a completed derivation
+            g = goal.copy()
+            g.pending.pop(0)
+            g.solved.append((name, args))
+            return self._search(g)
         options: list = [("fact", f) for f in self.env.facts.get(name, [])]
         for d in self.env.derivations.get(name, []):
             if depth < self.max_depth or not self.env.recursive(d):
                 options.append(("rule", d))
         self.rng.shuffle(options)
+        # Mostly first: the tuple of a completed atom of the relation, the latest first
+        # (runmax s x d a = e and run s l x d a e are one run: the run just derived, not one
+        # inside its derivation); two independent derivations rarely fit together.
+        same = [("same", a) for n, a in reversed(goal.solved) if n == name]
+        options = same + options if self.rng.random() < 0.8 else options + same
         for kind, option in options:
             self._steps += 1
             if self._steps > self.budget:
                 return None
             g = goal.copy()
-            g.pending.pop(0)
-            if self._apply(g, args, kind, option, depth + 1):
+            rest = g.pending[1:]
+            g.pending = []
+            if kind == "same":
+                ok = all(unify(g, x, y) for x, y in zip(args, option))
+            else:
+                ok = self._apply(g, args, kind, option, depth + 1)
+            g.pending = g.pending + [(name, args, None)] + rest  # its derivation first, then the marker
+            if ok:
                 solved = self._search(g)
                 if solved is not None:
                     return solved

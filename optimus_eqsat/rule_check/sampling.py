@@ -38,6 +38,7 @@ class SampleSpace:
         if max(self.sizes) == 1:
             self.sizes.append(rng.randint(2, 5))
         self.base = self.random_shape()
+        self.unit = rng.choice((1, 1, 2))  # slice bounds on this grid often: runs of equal pieces
         self.dtypes_drawn: set[torch.dtype] = set()
 
     # ---------------------------------------------------------------- shapes
@@ -101,8 +102,16 @@ class SampleSpace:
         return self.rng.randrange(len(shape)) if shape else 0
 
     def bounds(self, n: int, start: int | None = None, end: int | None = None) -> tuple[int, int]:
-        """Slice bounds 0 <= start <= end <= n (given ones kept); empty pieces now and then."""
+        """Slice bounds 0 <= start <= end <= n (given ones kept); empty pieces now and then;
+        often pieces of one or two units (adjacent pieces of equal widths are what cat runs merge)."""
         rng = self.rng
+        if rng.random() < 0.6 and n > 0:
+            width = self.unit * rng.choice((1, 1, 2))
+            if start is None and end is None:
+                start = self.unit * rng.randint(0, (n - 1) // self.unit)
+            if start is None:
+                return max(end - width, 0), end  # type: ignore[operator]
+            return start, min(start + width, max(n, start))
         if start is None and end is None:
             if n == 0 or rng.random() < 0.1:
                 k = rng.randint(0, n)
