@@ -11,7 +11,6 @@ no counterexample in the instances tried.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import random
@@ -20,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import torch
-
 from ..rewrites import RuleFileError, RuleSet, builtin_rulesets, shape_rules
+from ..run_support import single_thread
 from ..term import CTORS
 from .compare import describe, difference, dtype_name, kind
 from .instance import Instance
@@ -128,7 +126,7 @@ def check_program(text: str, samples: int = 100, seed: int = 0, time_limit_s: fl
     env = environment([*shipped_programs(), text])
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     verdicts = []
-    with _one_thread():
+    with single_thread():  # tiny tensors (see run_support.single_thread)
         for k, rule in enumerate(program.rules):
             budget = rule_time_limit_s
             if deadline is not None:
@@ -136,18 +134,6 @@ def check_program(text: str, samples: int = 100, seed: int = 0, time_limit_s: fl
                 budget = share if budget is None else min(budget, share)
             verdicts.append(check_rule(rule, env, samples, seed, budget, mixed_dtypes))
     return verdicts
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Tiny tensors: one torch thread. With more, every BLAS call of a matmul can wait for
-    its worker threads (40 ms instead of 4 us on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def check_rule(rule: Rule, env: Program, samples: int = 100, seed: int = 0,
