@@ -147,9 +147,8 @@ def check_rule(rule: Rule, env: Program, samples: int = 100, seed: int = 0,
             outcome = _check_direction(rule, direction, query, actions, env, samples, rng, deadline, mixed_dtypes)
             if isinstance(outcome, RuleVerdict):
                 return outcome
-            if outcome == 0:
-                way = f" ({direction})" if direction else ""
-                return _verdict(rule, NOT_CHECKED, f"no valid instance{way} found")
+            if isinstance(outcome, str):
+                return _verdict(rule, NOT_CHECKED, outcome)
             tested = outcome if not tested else min(tested, outcome)
     except NotCheckable as exc:
         return _verdict(rule, NOT_CHECKED, str(exc))
@@ -202,8 +201,8 @@ def _prepare(solver: Solver, query: tuple, actions: tuple) -> tuple[Goal, Scope,
 
 
 def _check_direction(rule: Rule, direction: str, query: tuple, actions: tuple, env: Program, samples: int,
-                     rng: random.Random, deadline: float | None, mixed_dtypes: bool) -> int | RuleVerdict:
-    """Valid instances tested (0: none found), or the unsound verdict."""
+                     rng: random.Random, deadline: float | None, mixed_dtypes: bool) -> int | str | RuleVerdict:
+    """Valid instances tested, why none was found, or the unsound verdict."""
     solver = Solver(env, rng)
     base, scope, compiled = _prepare(solver, query, actions)
     valid, tries, max_tries = 0, 0, max(200, 40 * samples)
@@ -225,6 +224,10 @@ def _check_direction(rule: Rule, direction: str, query: tuple, actions: tuple, e
             if found is not None:
                 example = _counterexample(instance, scope, direction, *found)
                 return _verdict(rule, UNSOUND, example.problem, valid, example)
+    if valid == 0:
+        way = f" ({direction})" if direction else ""
+        return (f"no valid instance{way} in {tries} tries (none the e-graph could hold passed the query; "
+                f"it may never match a well-formed e-graph)")
     return valid
 
 

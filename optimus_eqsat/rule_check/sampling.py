@@ -105,7 +105,11 @@ class SampleSpace:
         """Slice bounds 0 <= start <= end <= n (given ones kept); empty pieces now and then;
         often pieces of one or two units (adjacent pieces of equal widths are what cat runs merge)."""
         rng = self.rng
-        if rng.random() < 0.6 and n > 0:
+        roll = rng.random()
+        if roll < 0.08 or n == 0:  # an empty piece
+            k = rng.randint(0, n) if start is None and end is None else start if end is None else end
+            return k, k  # type: ignore[return-value]
+        if roll < 0.6:
             width = self.unit * rng.choice((1, 1, 2))
             if start is None and end is None:
                 start = self.unit * rng.randint(0, (n - 1) // self.unit)
@@ -113,9 +117,6 @@ class SampleSpace:
                 return max(end - width, 0), end  # type: ignore[operator]
             return start, min(start + width, max(n, start))
         if start is None and end is None:
-            if n == 0 or rng.random() < 0.1:
-                k = rng.randint(0, n)
-                return k, k
             start = rng.randint(0, n - 1)
             return start, rng.randint(start + 1, n)
         if start is None:
