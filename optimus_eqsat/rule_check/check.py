@@ -194,8 +194,10 @@ def _prepare(solver: Solver, query: tuple, actions: tuple) -> tuple[Goal, Scope,
     unbound = sorted(set(scope) - bound)
     if unbound:
         raise NotCheckable(f"the actions use variables the query does not bind: {', '.join(unbound)}")
+    if not compiled and not derives:
+        raise NotCheckable("its actions relate no values (no union, no shape/ldim/lsize)")
     if not compiled:
-        what = ", ".join(dict.fromkeys(derives)) or "nothing"
+        what = ", ".join(dict.fromkeys(derives))
         raise _Analysis(f"an analysis rule: it derives {what} (checked through the rules that read it)")
     return goal, scope, compiled
 

@@ -57,10 +57,10 @@ class Rule:
         """(direction, query atoms, actions) to check: a birewrite is checked both ways."""
         if self.kind == "rule":
             return [("", self.query, self.actions)]
-        forward = ("->", (["=", ROOT, self.lhs], *self.when), (["union", ROOT, self.rhs],))
+        forward = ((["=", ROOT, self.lhs], *self.when), (["union", ROOT, self.rhs],))
         if self.kind == "rewrite":
-            return [forward]
-        return [forward, ("<-", (["=", ROOT, self.rhs], *self.when), (["union", ROOT, self.lhs],))]
+            return [("", *forward)]
+        return [("->", *forward), ("<-", (["=", ROOT, self.rhs], *self.when), (["union", ROOT, self.lhs],))]
 
 
 @dataclass(frozen=True)
