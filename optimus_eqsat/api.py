@@ -40,6 +40,11 @@ class OptimizeOptions:
         rulesets: rule families to run, by name (unknown names are an error;
             families not shipped yet are skipped). Default: all shipped.
         rule_files: extra egglog rule files, each declaring one ruleset.
+        check_rules: test each rule of the rule files on random tensors when the options are
+            made (a quick check: few samples, a few seconds at most, cached per file content;
+            ``optimus-eqsat check-rules FILE.egg`` is the thorough one) and refuse an unsound
+            rule with ``rule_check.UnsoundRuleError`` naming it and the counterexample.
+            False skips the test.
         max_iterations, max_enodes, time_limit_s: saturation limits.
         batch_iterations: iterations of the second saturation, after the batch facts join
             (their stacks meet the splits and cats around them within 5 on the benchmark
@@ -65,6 +70,7 @@ class OptimizeOptions:
 
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
     rule_files: tuple[str, ...] = ()
+    check_rules: bool = True
     max_iterations: int = Limits.max_iterations
     max_enodes: int | None = Limits.max_enodes
     time_limit_s: float = Limits.time_limit_s
@@ -109,7 +115,8 @@ class OptimizeOptions:
                 get_profile(self.profile)
         except KeyError as exc:
             raise ValueError(str(exc)) from None
-        checked_rule_files(self.rule_files)  # a missing or broken file is the caller's mistake: an error naming it
+        # a missing, broken or unsound file is the caller's mistake: an error naming it
+        checked_rule_files(self.rule_files, check_rules=self.check_rules)
 
     def egglog_rulesets(self) -> list[rewrites.RuleSet]:
         """The egglog programs a run loads (:func:`~optimus_eqsat.rulesets.select_rulesets`)."""
