@@ -102,7 +102,9 @@ class DeviceProfile:
     Host time per wrapper operation: ``launch_overhead_s`` per generated kernel,
     ``extern_launch_overhead_s`` per extern call (None: the same), ``alloc_s``
     per buffer, ``custom_op_s`` per custom-op dispatch, ``call_s`` per call of
-    the compiled graph, ``input_s`` per graph input of a call and
+    the compiled graph, ``view_s`` per view of a buffer the wrapper materializes
+    (a slice an extern call or the caller reads, each input slot of a cat
+    buffer: ``reinterpret_tensor``), ``input_s`` per graph input of a call and
     ``trained_input_s`` per input that requires grad in a training step (these
     two are the same for every program of one model: they move the step time,
     never the choice). Device time: ``mem_bandwidth_bytes_per_s`` (times
@@ -136,6 +138,9 @@ class DeviceProfile:
     device_kernel_s: float = 0.0
     half_matmul_flops_per_s: float | None = None
     input_s: float = 0.0  # per graph input per call: Dynamo's guards, the wrapper's arguments
+    view_s: float = 0.0  # per view of a buffer the wrapper materializes (reinterpret_tensor)
+    reduction_s: float = 0.0  # per reduction loop in generated code (CPU: its setup, not roofline)
+    reduction_row_s: float = 0.0  # per row of a reduction in generated code (CPU: row loops, not roofline)
     trained_input_s: float = 0.0  # per input requiring grad per training step: autograd's bookkeeping
     calibration: "CalibratedProfile | None" = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -174,7 +179,9 @@ def _from_calibration(name: str, cal: "CalibratedProfile", **device: Any) -> Dev
     fields: dict[str, Any] = dict(
         name=name, launch_overhead_s=cal.generated_kernel_s, extern_launch_overhead_s=cal.extern_call_s,
         call_s=cal.call_s, alloc_s=cal.alloc_s, custom_op_s=cal.custom_op_s or 0.0,
-        input_s=cal.input_s or 0.0, trained_input_s=cal.trained_input_s or 0.0,
+        input_s=cal.input_s or 0.0, trained_input_s=cal.trained_input_s or 0.0, view_s=cal.view_s or 0.0,
+        reduction_row_s=(cal.reduction_row_s or 0.0) if cpu else 0.0,
+        reduction_s=(cal.reduction_s or 0.0) if cpu else 0.0,
         mem_bandwidth_bytes_per_s=cal.mem_bandwidth_bytes_per_s, pointwise_flops_per_s=cal.pointwise_flops_per_s,
         matmul_flops_per_s=max((e.flops_per_s for e in cal.matmul), default=cal.pointwise_flops_per_s),
         bandwidth_efficiency=1.0 if cpu else 0.8,  # the CPU figure is a measured sustained rate
@@ -261,10 +268,11 @@ def profile_for_inputs(example_inputs: Iterable[Any] | None) -> str:
 
 
 def kernel_costs(profile: DeviceProfile, kind: KernelKind, bytes_moved: float, flops: float,
-                 matmul_shape: tuple[int, int, int, int] | None = None, itemsize: int = 4) -> tuple[float, float]:
-    """(host seconds, device seconds) of one kernel of ``kind``: the launch and one buffer
-    on the host; max(memory, compute) on the device, a GPU kernel at least
-    ``device_kernel_s``. VIEW and NONE cost nothing."""
+                 matmul_shape: tuple[int, int, int, int] | None = None, itemsize: int = 4,
+                 buffers: int = 1) -> tuple[float, float]:
+    """(host seconds, device seconds) of one kernel of ``kind``: the launch and the
+    ``buffers`` it writes on the host; max(memory, compute) on the device, a GPU kernel at
+    least ``device_kernel_s``. VIEW and NONE cost nothing."""
     if kind not in LAUNCHING_KINDS:
         return 0.0, 0.0
     if kind is KernelKind.MATMUL:
@@ -273,7 +281,7 @@ def kernel_costs(profile: DeviceProfile, kind: KernelKind, bytes_moved: float, f
         rate = profile.pointwise_flops_per_s
     memory_s = bytes_moved / (profile.mem_bandwidth_bytes_per_s * profile.bandwidth_efficiency)
     device = max(memory_s, flops / rate if rate else 0.0, profile.device_kernel_s)
-    return profile.launch_s(kind) + profile.alloc_s, device
+    return profile.launch_s(kind) + buffers * profile.alloc_s, device
 
 
 def kernel_time(profile: DeviceProfile, kind: KernelKind, bytes_moved: float, flops: float) -> float:

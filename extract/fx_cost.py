@@ -74,7 +74,9 @@ def plan_kernels(
     kinds = node_kinds(gm, infos, strategy.decomposed_mm)
     fusion = Fusion(gm, kinds, infos, strategy)
     plans = fusion.kernel_plans()
-    return plans, Pricing(gm, kinds, infos, fusion.base, prof, strategy.grouped_per_member)
+    pricing = Pricing(gm, kinds, infos, fusion.base, prof, strategy.grouped_per_member)
+    pricing.views = pricing.wrapper_views(sorted(strategy.concat_kernels(fusion), key=fusion.pos.__getitem__))
+    return plans, pricing
 
 
 def predict_kernels(
@@ -123,7 +125,7 @@ def predicted_step_time(
     kernels = [kernel for plan in plans for kernel in pricing.price(plan)]
     costs = [(k.host_s, k.device_s) for k in kernels]
     inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-    forward = step_seconds(prof, costs) + inputs * prof.input_s
+    forward = step_seconds(prof, costs) + inputs * prof.input_s + pricing.views * prof.view_s
     if not training:
         return forward
     grad = needs_grad(gm, example_inputs)

@@ -24,6 +24,7 @@ overlapped on a GPU) with one call of the compiled graph.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -104,6 +105,7 @@ class Pricing:
                  base: dict[fx.Node, fx.Node], profile: DeviceProfile, grouped_per_member: bool = False):
         self.gm, self.kinds, self.infos, self.base = gm, kinds, infos, base
         self.profile, self.grouped_per_member = profile, grouped_per_member
+        self.views = 0  # wrapper views of the graph (wrapper_views), set by fx_cost.plan_kernels
 
     def price(self, plan: KernelPlan) -> list[PredictedKernel]:
         """The kernels ``plan`` launches, priced (one, except a grouped linear's members)."""
@@ -116,12 +118,48 @@ class Pricing:
         if plan.role == NORM_STATS:
             args = arg_nodes(plan.nodes[0])
             return [self._priced(plan, _nbytes(self.infos.get(args[0])) if args else 0, 0.0)]
-        return [self._priced(plan, self.group_bytes(plan.nodes), sum(self.node_flops(m) for m in plan.nodes))]
+        kernel = self._priced(plan, self.group_bytes(plan.nodes), sum(self.node_flops(m) for m in plan.nodes),
+                              buffers=self.buffers(plan.nodes))
+        reductions = [m for m in plan.nodes if self.kinds.get(m) is K.REDUCTION]
+        if reductions and (self.profile.reduction_row_s or self.profile.reduction_s):
+            # small reductions run far from any roofline (CPU loops): each loop's setup and rows
+            extra = len(reductions) * self.profile.reduction_s + sum(
+                self.reduction_rows(m) for m in reductions) * self.profile.reduction_row_s
+            kernel = dataclasses.replace(kernel, seconds=kernel.seconds + extra, device_s=kernel.device_s + extra)
+        return [kernel]
 
-    def _priced(self, plan: KernelPlan, nbytes: int, flops: float,
-                shape: tuple[int, int, int, int] | None = None, itemsize: int = 4) -> PredictedKernel:
-        host, device = kernel_costs(self.profile, plan.kind, nbytes, flops, shape, itemsize)
+    def reduction_rows(self, node: fx.Node) -> int:
+        """Rows a reduction loops over: a normalization's input numel over its last dim, a
+        reduction's output numel; 0 for other nodes."""
+        if self.kinds.get(node) is not K.REDUCTION:
+            return 0
+        out = _numel(self.infos.get(node)[:1] if self.infos.get(node) else None)
+        args = arg_nodes(node)
+        first = (self.infos.get(args[0]) or [None])[0] if args else None
+        if first is not None and first.numel and first.shape and first.shape[-1] and out == first.numel:
+            return first.numel // first.shape[-1]  # same shape out as in: a normalization, one row per last dim
+        return out
+
+    def _priced(self, plan: KernelPlan, nbytes: int, flops: float, shape: tuple[int, int, int, int] | None = None,
+                itemsize: int = 4, buffers: int = 1) -> PredictedKernel:
+        host, device = kernel_costs(self.profile, plan.kind, nbytes, flops, shape, itemsize, buffers)
         return PredictedKernel(plan.kind, plan.nodes, nbytes, flops, host + device, plan.note, host, device)
+
+    def buffers(self, members: Sequence[fx.Node]) -> int:
+        """Buffers a generated kernel allocates: one per member read outside it (at least one)."""
+        inside = set(members)
+        return max(1, sum(1 for m in members if any(self._escapes(m, u, inside) for u in m.users)))
+
+    def wrapper_views(self, concat_cats: Sequence[fx.Node]) -> int:
+        """Views of buffers the wrapper materializes (``reinterpret_tensor``): a view an
+        extern call reads or the graph returns, and one slot per input of each cat built as
+        a ConcatKernel (``concat_cats``). Views read by generated code are index math: free."""
+        views: set[fx.Node] = set()
+        for node in self.gm.graph.nodes:
+            extern = self.kinds.get(node) in (K.MATMUL, K.OPAQUE)
+            if extern or node.op == "output":
+                views.update(a for a in arg_nodes(node) if self.kinds.get(a) is K.VIEW)
+        return len(views) + sum(len(arg_nodes(cat)) for cat in concat_cats)
 
     def matmul_shape(self, node: fx.Node) -> tuple[int, int, int, int] | None:
         """(batch, M, K, N) of a matmul node, None when unknown (a conv, no shapes)."""

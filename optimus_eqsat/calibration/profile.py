@@ -85,6 +85,13 @@ class CalibratedProfile:
     # time but never which program is faster.
     input_s: float | None = None
     trained_input_s: float | None = None
+    # Per view of a buffer the wrapper materializes (``reinterpret_tensor``: a slice an extern
+    # call or the caller reads, each input slot of a cat buffer).
+    view_s: float | None = None
+    # Per reduction loop in generated code (its setup) and per row it loops over (layer norms
+    # over rows of 8): small reductions run far from any roofline on a CPU.
+    reduction_s: float | None = None
+    reduction_row_s: float | None = None
     source: dict[str, str] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
@@ -165,7 +172,8 @@ class CalibratedProfile:
             spread_txt = f"  IQR {spread * scale:.3g}" if spread is not None else ""
             rows.append(f"  {name:<28} {value * scale:12.4g} {unit}{spread_txt}")
 
-        for name in (*PER_CALL_FIELDS, "input_s", "trained_input_s", "cudagraph_call_s", "cudagraph_kernel_s"):
+        for name in (*PER_CALL_FIELDS, "input_s", "trained_input_s", "view_s", "reduction_s", "reduction_row_s", "cudagraph_call_s",
+                     "cudagraph_kernel_s"):
             line(name, getattr(self, name), "us", 1e6)
         line("mem_bandwidth_bytes_per_s", self.mem_bandwidth_bytes_per_s, "GB/s", 1e-9)
         line("pointwise_flops_per_s", self.pointwise_flops_per_s, "GFLOP/s", 1e-9)

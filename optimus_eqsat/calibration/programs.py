@@ -45,6 +45,9 @@ __all__ = [
     "HOST_FAMILIES",
     "host_program",
     "inputs_program",
+    "views_program",
+    "rows_program",
+    "norms_program",
     "bandwidth_program",
     "pointwise_flops_program",
     "matmul_program",
@@ -151,16 +154,48 @@ def host_program(family: str, k: int, device: str, dtype: torch.dtype, tag: str 
 
 
 def inputs_program(k: int, device: str, dtype: torch.dtype, trained: bool = False) -> Program:
-    """``x * w1 + ... + x * wk``: one generated kernel reading ``k + 1`` inputs. ``trained``:
-    the ``w`` are parameters that require grad (a training step's per-parameter costs)."""
-    x = torch.randn(8, 8, device=device, dtype=dtype)
-    ws = tuple(torch.nn.Parameter(torch.randn(8, 8, device=device, dtype=dtype), requires_grad=trained)
-               for _ in range(k))
-    names = [f"w{i}" for i in range(k)]
+    """A module of ``k`` layers, each holding one parameter, computing ``x * w1 + ... + x * wk``:
+    one generated kernel reading ``k + 1`` inputs, the parameters reached through the module
+    tree as in real models (Dynamo guards each along its attribute path). ``trained``: the
+    parameters require grad (a training step's per-parameter costs)."""
     name = f"{'trained' if trained else 'inputs'}_{k}"
-    fn = _function(name, ["x", *names], ["return " + " + ".join(f"x * {w}" for w in names)])
-    return Program(name, "trained" if trained else "inputs", k, fn, (x, *ws), {"generated": 1, "extern": 0,
-                                                                                 "custom": 0})
+    layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(k))
+    for layer in layers:
+        layer.w = torch.nn.Parameter(torch.randn(8, 8, device=device, dtype=dtype), requires_grad=trained)
+    forward = _function(name, ["self", "x"], ["return " + " + ".join(f"x * self.layers[{i}].w" for i in range(k))])
+    module = type(name, (torch.nn.Module,), {"forward": forward})()  # own class: its own code object and cache
+    module.layers = layers
+    x = torch.randn(8, 8, device=device, dtype=dtype)
+    return Program(name, "trained" if trained else "inputs", k, module, (x,), {"generated": 1, "extern": 0,
+                                                                                "custom": 0})
+
+
+def views_program(k: int, device: str, dtype: torch.dtype) -> Program:
+    """``relu(x)`` returned as ``k`` row views: one kernel, ``k`` ``reinterpret_tensor`` calls
+    of the wrapper (what a view of a buffer costs when an extern call or the caller reads it)."""
+    x = torch.randn(k, 8, device=device, dtype=dtype)
+    name = f"views_{k}"
+    fn = _function(name, ["x"], ["y = x.relu()", f"return ({', '.join(f'y[{i}]' for i in range(k))},)"])
+    return Program(name, "views", k, fn, (x,), {"generated": 1, "extern": 0, "custom": 0})
+
+
+def rows_program(rows: int, device: str, dtype: torch.dtype) -> Program:
+    """One layer norm over ``rows`` rows of 8: what a row of a small normalization costs in
+    generated code (a reduction loop per row, far from any roofline at these widths)."""
+    x = torch.randn(rows, 8, device=device, dtype=dtype)
+    name = f"rows_{rows}"
+    fn = _function(name, ["x"], ["return torch.nn.functional.layer_norm(x, (8,))"])
+    return Program(name, "rows", rows, fn, (x,), {"generated": 1, "extern": 0, "custom": 0})
+
+
+def norms_program(k: int, device: str, dtype: torch.dtype) -> Program:
+    """``k`` layer norms of independent 32x8 inputs: one generated kernel of ``k`` loop nests
+    (what a small normalization costs beyond its rows: its loop's setup)."""
+    xs = tuple(torch.randn(32, 8, device=device, dtype=dtype) for _ in range(k))
+    names = [f"x{i}" for i in range(k)]
+    name = f"norms_{k}"
+    fn = _function(name, names, [f"return ({', '.join(f'torch.nn.functional.layer_norm({x}, (8,))' for x in names)},)"])
+    return Program(name, "norms", k, fn, xs, {"generated": 1, "extern": 0, "custom": 0})
 
 
 def bandwidth_program(numel: int, device: str, dtype: torch.dtype) -> Program:
