@@ -105,8 +105,9 @@ class EGraphCost:
             return VIEW_COST
         p = self.profile
         if role is Role.CELL:
-            if (p.codegen != "triton" or node.children[0] in self.input_classes
-                    or self.list_lengths.get(c, 0) <= MAX_POINTWISE_CAT_INPUTS):
+            if p.codegen != "triton":  # a CPU cat is a ConcatKernel: the wrapper names each input's slot
+                return VIEW_COST + p.view_s
+            if node.children[0] in self.input_classes or self.list_lengths.get(c, 0) <= MAX_POINTWISE_CAT_INPUTS:
                 return VIEW_COST
             return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
         moved = self._bytes((c,) + node.children)
@@ -124,7 +125,12 @@ class EGraphCost:
         if kind is KernelKind.MATMUL:
             host, device = kernel_costs(p, kind, moved, self._matmul_flops(c, node), self._matmul_shape(c, node))
             return host + device
-        return kernel_time(p, kind, moved, _numel(self.shapes.get(c)))
+        time = kernel_time(p, kind, moved, _numel(self.shapes.get(c)))
+        if kind is KernelKind.REDUCTION:  # its loop's setup and rows (CPU profiles; 0 elsewhere)
+            out = self.shapes.get(c)
+            rows = _numel(out) // out[-1] if out and out[-1] else 1
+            time += p.reduction_s + rows * p.reduction_row_s
+        return time
 
     def _fused_pointwise(self, c: int, moved: int) -> float:
         """A pointwise op: its traffic, and a share of a launch and its buffer (it usually
