@@ -118,18 +118,9 @@ def count_events(events: Sequence[object], name: str) -> int:
 def _profiled_peak_bytes(step: Callable[[], object]) -> int:
     """Peak of torch's CPU allocations during one step above the start, from the
     profiler's [memory] events (alloc > 0, free < 0) replayed in time order."""
-    from torch.profiler import ProfilerActivity, profile
+    from optimus_eqsat.guard import step_peak_bytes
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    current = peak = 0
-    for _, nbytes in events:
-        current += nbytes
-        peak = max(peak, current)
-    return peak
+    return step_peak_bytes(step, on_cuda=False)
 
 
 _STATUS = Path("/proc/self/status")

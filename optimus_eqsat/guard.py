@@ -5,8 +5,10 @@ original graph and the optimizer's choice) is compiled with Inductor and run on
 the example inputs in interleaved rounds: every round runs each program a few
 steps in a rotating order, and the ratio to the original is taken per round
 (the machine's drift hits both alike). The optimized program is kept only when
-it is faster beyond the noise: its median ratio below ``1 - margin`` and its
-75th percentile below 1. Otherwise the original is kept.
+it is faster beyond the noise (its median ratio below ``1 - margin`` and its
+75th percentile below 1) and its peak memory during a step stays within
+``MEMORY_SLACK`` of the original's (a stack of weights built every step costs
+memory as well as time). Otherwise the original is kept.
 
 A step is what the user pays: the forward in inference, forward and backward
 in training. The user's state is left alone: gradients are returned by
@@ -37,6 +39,9 @@ log = logging.getLogger("optimus_eqsat")
 
 Program = Callable[..., Any]
 
+# A candidate may use this much more memory at its peak than the original: 5% and 64 KiB.
+MEMORY_SLACK = (1.05, 64 << 10)
+
 
 @dataclass
 class GuardResult:
@@ -50,11 +55,14 @@ class GuardResult:
     rounds: int
     compile_s: dict[str, float] = field(default_factory=dict)
     reason: str = ""
+    peak_bytes: dict[str, int] = field(default_factory=dict)  # peak memory of one step, above the start
 
     def summary(self) -> str:
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
+        memory = (" peak " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.peak_bytes.items())
+                  if self.peak_bytes else "")
         return (f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] "
-                f"over {self.rounds} rounds: kept {self.kept}")
+                f"over {self.rounds} rounds;{memory}: kept {self.kept} ({self.reason})")
 
 
 def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
@@ -144,16 +152,45 @@ def _quantile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin: float = 0.01) -> GuardResult:
-    """Keep ``candidate`` only when it is faster than ``baseline`` beyond the noise."""
+def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin: float = 0.01,
+           peak_bytes: dict[str, int] | None = None) -> GuardResult:
+    """Keep ``candidate`` only when it is faster than ``baseline`` beyond the noise and its
+    peak memory (when measured) within ``MEMORY_SLACK`` of the baseline's."""
     ratios = [c / b for c, b in zip(rounds[candidate], rounds[baseline])]
     median, p25, p75 = statistics.median(ratios), _quantile(ratios, 0.25), _quantile(ratios, 0.75)
     faster = median < 1 - margin and p75 < 1
-    kept = candidate if faster else baseline
-    reason = ("faster beyond the noise" if faster else
+    peaks = peak_bytes or {}
+    scale, slack = MEMORY_SLACK
+    lean = not peaks or peaks[candidate] <= peaks[baseline] * scale + slack
+    kept = candidate if faster and lean else baseline
+    reason = ("faster beyond the noise" if faster and lean else
+              "more peak memory" if faster else
               "not faster beyond the noise" if median < 1 else "slower")
     return GuardResult(kept, {k: statistics.median(v) for k, v in rounds.items()}, median, p25, p75,
-                       len(ratios), reason=reason)
+                       len(ratios), reason=reason, peak_bytes=dict(peaks))
+
+
+def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
+    """Peak bytes allocated during one step above what was allocated before it: CUDA's
+    allocator statistics, or on the CPU the profiler's allocation events replayed in order."""
+    if on_cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return max(torch.cuda.max_memory_allocated() - base, 0)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak
 
 
 class FirstCallChoice:
@@ -205,8 +242,10 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
     try:
         steps = {name: step_function(p, inputs, training) for name, p in programs.items()}
         rounds = time_interleaved(steps, budget_s=budget_s)
+        on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        peaks = {name: step_peak_bytes(step, on_cuda) for name, step in steps.items()}
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    return choose(rounds, baseline, candidate, margin)
+    return choose(rounds, baseline, candidate, margin, peaks)

@@ -15,6 +15,23 @@ def _rounds(base: list[float], factor: list[float]) -> dict[str, list[float]]:
     return {"original": base, "optimized": [b * f for b, f in zip(base, factor)]}
 
 
+def test_a_faster_candidate_that_needs_more_memory_is_not_kept():
+    rounds = _rounds([1.0] * 9, [0.8] * 9)
+    lean = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 10 << 20})
+    assert lean.kept == "optimized"
+    fat = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20})
+    assert fat.kept == "original" and fat.reason == "more peak memory"
+
+
+def test_step_peak_memory_is_measured_on_the_cpu():
+    from optimus_eqsat.guard import step_peak_bytes
+
+    x = torch.randn(256, 256)
+    small = step_peak_bytes(lambda: x + 1, on_cuda=False)
+    big = step_peak_bytes(lambda: torch.cat([x] * 8) + 1, on_cuda=False)
+    assert small >= x.numel() * 4 and big >= 8 * small
+
+
 def test_a_clearly_faster_candidate_is_kept():
     result = choose(_rounds([1.0] * 9, [0.8] * 9), "original", "optimized")
     assert result.kept == "optimized" and result.ratio == pytest.approx(0.8)
