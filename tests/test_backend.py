@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -112,3 +115,28 @@ def test_dynamic_true_compile_of_a_tower_model_matches_eager():
     for batch in (16, 7):
         x = torch.randn(batch, 48)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_frozen_inference_folds_the_weight_stacks_of_a_batched_program():
+    """Under Inductor's freezing the optimizer prices parameter stacks as built once, and
+    Inductor folds them: the compiled program copies no weights per step."""
+    from torch._inductor.utils import run_and_get_code
+
+    from tests.models import SplitTowers
+
+    model = SplitTowers(towers=6, width=8).eval()
+    x = torch.randn(16, 48)
+    backend = make_backend(measure=False, profile="h100")  # priced as on a GPU, where batching pays
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        compiled = torch.compile(model, backend=backend)
+        out, codes = run_and_get_code(lambda: compiled(x))
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    report = backend.reports[-1]
+    assert report.mode == "inference" and any(k.startswith("batch-") for k in report.batched), report.summary()
+    code = "\n".join(codes)
+    assert "bmm" in code  # the batched linears run as one bmm ...
+    stacked = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # 6 x 8 x 8 weights
+    buffers = re.findall(r"empty_strided_cpu\(\(([\d, ]+)\)", code)
+    sizes = [math.prod(int(d) for d in shape.split(",") if d.strip()) for shape in buffers]
+    assert stacked not in sizes, buffers  # ... on weights stacked once, not copied every step (unfrozen: (48, 8))
