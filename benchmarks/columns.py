@@ -25,7 +25,8 @@ COLUMNS = [
     "cudagraph_skips", "cuda_graph_launches",
     "max_abs_diff_out", "max_abs_diff_grad", "emitted_kinds", "pred_kinds", "pred_profile",
     "eqsat_stop", "eqsat_extractor", "eqsat_enodes", "eqsat_rules_fired", "eqsat_launches_before",
-    "eqsat_launches_after", "eqsat_phase_s", "eqsat_fell_back", "eqsat_fallback_reason", "error",
+    "eqsat_launches_after", "eqsat_phase_s", "eqsat_guard_s", "eqsat_kept", "eqsat_fell_back",
+    "eqsat_fallback_reason", "error",
 ]
 
 

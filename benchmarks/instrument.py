@@ -107,12 +107,20 @@ class CompileRecord:
             "eqsat_launches_before": total(lambda r: getattr(r, "launches_before", None)),
             "eqsat_launches_after": total(lambda r: getattr(r, "launches_after", None)),
             "eqsat_phase_s": total(lambda r: sum((getattr(r, "phase_seconds", None) or {}).values())),
+            # the backend's measured choice: compiling the original and timing both (in compile_s)
+            "eqsat_guard_s": total(lambda r: getattr(getattr(r, "measured", None), "overhead_s", 0.0)),
+            "eqsat_kept": join_measured(reports),
             "eqsat_fell_back": join("fell_back"),
             "eqsat_fallback_reason": join("fallback_reason") if fell_back else "",
         }
 
 
 # --- predictions from the cost model (optional) -------------------------------
+
+
+def join_measured(reports: list) -> str:
+    """Which program the backend's measured choice kept, per graph ("" when not measured)."""
+    return ";".join(getattr(getattr(r, "measured", None), "kept", "") or "" for r in reports)
 
 
 def _fx_cost() -> Any | None:

@@ -56,6 +56,12 @@ class GuardResult:
     compile_s: dict[str, float] = field(default_factory=dict)
     reason: str = ""
     peak_bytes: dict[str, int] = field(default_factory=dict)  # peak memory of one step, above the start
+    timing_s: float = 0.0  # wall seconds the measurement took (warm-up, rounds, memory)
+
+    @property
+    def overhead_s(self) -> float:
+        """What the measured choice cost: compiling the original and timing both."""
+        return self.timing_s + sum(self.compile_s.values())
 
     def summary(self) -> str:
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
@@ -237,6 +243,7 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
     written = mutated_placeholders(gm)
     inputs = [x.detach().clone().requires_grad_(x.requires_grad) if k in written and isinstance(x, torch.Tensor)
               else x for k, x in enumerate(example_inputs)]
+    start = time.perf_counter()
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
@@ -248,4 +255,6 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    return choose(rounds, baseline, candidate, margin, peaks)
+    result = choose(rounds, baseline, candidate, margin, peaks)
+    result.timing_s = time.perf_counter() - start
+    return result
