@@ -23,12 +23,13 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from .fx_cost import fetch_attr
+from optimus_eqsat.fxvocab import RANDOM_OPS, fetch_attr
 
 __all__ = ["fold_parameters", "parameter_placeholders"]
 
-# Ops whose output is not a pure function of their inputs: never folded.
-_IMPURE = {"dropout", "rand", "randn", "rand_like", "randn_like", "bernoulli", "normal", "uniform"}
+# Ops whose output is not a pure function of their inputs (matched as words of
+# the target's name, so "rand" also stands for "randint"): never folded.
+_IMPURE = RANDOM_OPS | {"dropout"}
 
 
 def parameter_placeholders(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> set[fx.Node]:

@@ -22,6 +22,7 @@ import torch.fx
 
 from optimus_eqsat.fx_graphs import predict
 
+from ..term import CTORS, Role
 from .egraph import ENode, ExtractionGraph
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ log = logging.getLogger("optimus_eqsat")
 
 # A class whose batched alternative refine forbids keeps these (the member's slice of
 # another group's result, a cat of views): only the batched computation itself goes.
-_KEPT_WHEN_BANNED = frozenset({"Leaf", "Slice", "Reshape", "Permute", "Expand", "Cat"})
+_KEPT_WHEN_BANNED = frozenset(c.name for c in CTORS.values()
+                               if c.output == "Tensor" and c.role in (Role.LEAF, Role.VIEW, Role.CAT))
 
 # Batch kinds whose price in the e-graph is least sure come first in refine, which may
 # only have time for one or two variants on large graphs: padded linears (whether the
@@ -163,7 +165,7 @@ def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int
         return (run.graph, run.extraction), run.build(meta=False)
 
     best = policy.run(run.extraction.choice, Variant((), launches, seconds), run.report, build_variant,
-                      lambda gm: predict(gm, run.example_inputs, run.options.profile))
+                      lambda gm: predict(gm, run.example_inputs, run.objective))
     if best is None:  # nothing to drop, or no time for a variant
         return result, launches, seconds
     run.graph, run.extraction = first if best.kept is None else best.kept

@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 
-from .normalize import canonical_name
-from .translate import VIEW_OPS, is_mutating
+from .fxvocab import ALIASING_OPS, canonical_name
+from .translate import is_mutating
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -65,7 +65,7 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
         if node.op not in ("call_function", "call_method", "call_module") or not is_mutating(gm, node):
             continue
         base = node.args[0] if node.args else None
-        while isinstance(base, torch.fx.Node) and base.op != "placeholder" and canonical_name(base) in VIEW_OPS:
+        while isinstance(base, torch.fx.Node) and base.op != "placeholder" and canonical_name(base) in ALIASING_OPS:
             base = base.args[0] if base.args and isinstance(base.args[0], torch.fx.Node) else None
         if isinstance(base, torch.fx.Node) and base in placeholders:
             written.add(placeholders[base])

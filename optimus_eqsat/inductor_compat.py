@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .extract.fx_cost import SHAPE_META, TensorInfo, node_tensor_infos, target_name
+from .fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
 
 __all__ = ["split_attention_key_permutes", "is_dynamo_signal", "first_line"]
 
@@ -43,19 +43,15 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     return text[:limit]
 
+
 _MATMULS = {"matmul", "bmm"}
 _SCALES = {"mul", "div", "truediv"}
 _SOFTMAX = {"softmax", "_softmax"}
 
 
-def _op(node: torch.fx.Node) -> str:
-    """The op name of a call node ("" for placeholders, attributes, outputs)."""
-    return target_name(node.target) if node.op in ("call_function", "call_method") else ""
-
-
 def _permute_dims(node: torch.fx.Node) -> list[int] | None:
     """The dims of a ``permute`` node (function or method form), else None."""
-    if _op(node) != "permute":
+    if call_name(node) != "permute":
         return None
     if node.op == "call_method":  # x.permute(0, 2, 3, 1) or x.permute([0, 2, 3, 1])
         dims = node.args[1:]
@@ -75,7 +71,7 @@ def _feeds_softmax(node: torch.fx.Node, hops: int = 3) -> bool:
         nxt = []
         for n in frontier:
             for user in n.users:
-                name = _op(user)
+                name = call_name(user)
                 if name in _SOFTMAX:
                     return True
                 if name in _SCALES:
@@ -94,7 +90,7 @@ def split_attention_key_permutes(gm: torch.fx.GraphModule) -> int:
     """
     split = 0
     for node in list(gm.graph.nodes):
-        if _op(node) not in _MATMULS or len(node.args) < 2 or not isinstance(node.args[1], torch.fx.Node):
+        if call_name(node) not in _MATMULS or len(node.args) < 2 or not isinstance(node.args[1], torch.fx.Node):
             continue
         key = node.args[1]
         dims = _permute_dims(key)

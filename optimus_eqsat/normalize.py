@@ -10,7 +10,6 @@ stays opaque, kept verbatim.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Protocol
 
 import torch
@@ -18,8 +17,10 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .fxvocab import EXPAND_OPS, OP_KINDS, RESHAPE_OPS
+from .fxvocab import canonical_name  # noqa: F401  (re-exported: the translator's op names)
 from .term import Binary, Cat, Expand, Id, ListTerm, Op2, Op3, Permute, Reshape, Scalar, Slice, Term, Unary
-from .opspec import GATHER, MATMUL, POINTWISE, REDUCTION
+from .opspec import GATHER, MATMUL, POINTWISE
 
 
 class Unsupported(Exception):
@@ -42,47 +43,6 @@ class Context(Protocol):
 
 
 Handler = Callable[[Context, dict[str, Any]], "Term | list[Term]"]
-
-# ---------------------------------------------------------------- names
-# A canonical op name for every spelling of a target.
-
-_FUNCTION_MODULES = (torch, F, torch.special, torch.Tensor)
-
-_OPERATOR_NAMES = {
-    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
-    operator.pow: "pow", operator.neg: "neg", operator.getitem: "getitem", operator.matmul: "matmul",
-}
-
-_ALIASES = {
-    "concat": "cat", "concatenate": "cat", "true_divide": "div", "divide": "div", "multiply": "mul",
-    "subtract": "sub", "clip": "clamp", "absolute": "abs", "negative": "neg", "_unsafe_view": "view",
-    "swapaxes": "transpose", "swapdims": "transpose", "moveaxis": "movedim", "__getitem__": "getitem",
-    "split_with_sizes": "split", "__add__": "add", "__radd__": "radd", "__mul__": "mul", "__rmul__": "rmul",
-    "__sub__": "sub", "__rsub__": "rsub", "__truediv__": "div", "__rtruediv__": "rdiv", "__neg__": "neg",
-    "__matmul__": "matmul", "__pow__": "pow", "__rpow__": "rpow", "rsub": "rsub",
-}
-
-
-def canonical_name(node: torch.fx.Node) -> str | None:
-    """The canonical op name of a call node, or None when the target is unknown."""
-    target = node.target
-    if node.op == "call_method":
-        name = str(target)
-    elif node.op == "call_function":
-        if target in _OPERATOR_NAMES:
-            return _OPERATOR_NAMES[target]
-        if isinstance(target, torch._ops.OpOverload):
-            if target.namespace != "aten":
-                return None
-            name = target._opname
-        else:
-            name = getattr(target, "__name__", None)
-            if name is None or not any(getattr(m, name, None) is target for m in _FUNCTION_MODULES):
-                return None
-    else:
-        return None
-    return _ALIASES.get(name, name)
-
 
 # ---------------------------------------------------------------- argument binding
 
@@ -273,15 +233,24 @@ def _tensor_list(ctx: Context, tensors: Any) -> list[Term]:
     return [ctx.ref(t) for t in tensors]
 
 
+def _one_dtype(ctx: Context, tensors: Any) -> None:
+    """A cat of mixed dtypes promotes them, and promotion does not commute with the rules
+    that move ops into or out of a cat (the e-graph tracks no dtypes): keep it opaque."""
+    if isinstance(tensors, (list, tuple)) and not all(ctx.same_dtype_as_input(t) for t in tensors):
+        raise Unsupported("cat of mixed dtypes")
+
+
 def h_cat(ctx: Context, a: dict[str, Any]) -> Term:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
+    _one_dtype(ctx, a["tensors"])
     return Cat(ctx.cons(_tensor_list(ctx, a["tensors"]), dim))
 
 
 def h_stack(ctx: Context, a: dict[str, Any]) -> Term:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
+    _one_dtype(ctx, a["tensors"])
     member = out[:dim] + (1,) + out[dim + 1 :]
     items: list[Term] = [Reshape(t, member) for t in _tensor_list(ctx, a["tensors"])]
     return Cat(ctx.cons(items, dim))
@@ -404,13 +373,14 @@ ELEMENTWISE_UNARY = {
 }
 # Elementwise ops of several tensors.
 ELEMENTWISE_MULTI = {"where", "lerp", "addcmul", "addcdiv", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge"}
-# Other pure, deterministic ops, by cost-model kind.
-GENERIC_KINDS = {
-    **dict.fromkeys(["softmax", "log_softmax", "sum", "mean", "amax", "amin", "var", "std", "norm",
-                     "layer_norm", "logsumexp", "cumsum", "prod", "argmax", "argmin", "rms_norm"], REDUCTION),
-    **dict.fromkeys(["matmul", "mm", "bmm", "linear", "baddbmm"], MATMUL),
-    **dict.fromkeys(["embedding", "index_select", "gather"], GATHER),
-}
+# Other pure, deterministic ops, with their cost-model kind (the vocabulary's;
+# opspec's kind strings are KernelKind values).
+GENERIC_KINDS = {name: OP_KINDS[name].value for name in (
+    "softmax", "log_softmax", "sum", "mean", "amax", "amin", "var", "std", "norm",
+    "layer_norm", "logsumexp", "cumsum", "prod", "argmax", "argmin", "rms_norm",
+    "matmul", "mm", "bmm", "linear", "baddbmm",
+    "embedding", "index_select", "gather",
+)}
 
 
 def h_generic(kind: str, elementwise: bool = False) -> Handler:
@@ -490,9 +460,9 @@ HANDLERS: dict[str, tuple[list[str], dict[str, Any], Handler]] = {
     "embedding": ([], {}, h_embedding),
 }
 # Views whose result shape comes from meta: only the input tensor is read.
-for _name in ("reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as"):
+for _name in sorted(RESHAPE_OPS):
     HANDLERS[_name] = ([], {}, h_reshape)
-for _name in ("expand", "expand_as", "broadcast_to"):
+for _name in sorted(EXPAND_OPS):
     HANDLERS[_name] = ([], {}, h_expand)
 HANDLERS["permute"] = ([], {}, h_permute)
 for _name in _ARITH | set(_REVERSED):

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch.fx
 
+from .fxvocab import target_name
+
 # Cost-model kinds of generic ops (the cost model reads them).
 POINTWISE = "pointwise"
 REDUCTION = "reduction"
@@ -78,17 +80,6 @@ def _fill(value: Any, operands: list[torch.fx.Node]) -> Any:
     return value
 
 
-def target_name(target: Any) -> str:
-    """A short, stable name for an FX target (for keys and reports)."""
-    if isinstance(target, str):
-        return target
-    name = getattr(target, "__name__", None) or repr(target)
-    module = getattr(target, "__module__", "") or ""
-    if module.startswith("torch._ops"):
-        return str(target)
-    return name
-
-
 @dataclass
 class OpRegistry:
     """The op keys of one translation, and their specs."""
@@ -99,11 +90,12 @@ class OpRegistry:
 
     def register(self, spec: OpSpec) -> str:
         """Key of a generic op: a short readable token, equal for equal specs."""
-        signature = f"{spec.op} {target_name(spec.target)}{_fmt(spec.args)}{_fmt_kwargs(spec.kwargs)}"
+        name = target_name(spec.target, qualified=True)  # overloads told apart: "aten.add.Tensor"
+        signature = f"{spec.op} {name}{_fmt(spec.args)}{_fmt_kwargs(spec.kwargs)}"
         key = self._by_signature.get(signature)
         if key is None:
-            name = re.sub(r"[^A-Za-z0-9_.]", "_", target_name(spec.target).split(".")[-1])
-            key = f"{name}:{len(self._by_signature)}"
+            token = re.sub(r"[^A-Za-z0-9_.]", "_", name.split(".")[-1])
+            key = f"{token}:{len(self._by_signature)}"
             self._by_signature[signature] = key
             self.specs[key] = spec
             self.signatures[key] = signature

@@ -19,21 +19,27 @@ from typing import Any
 import torch
 import torch.fx
 
-from .extract.fx_cost import SHAPE_META, TensorInfo, fetch_attr, node_tensor_infos, target_name
 from .egraph_export import ClassRef, ExportedEGraph, TermNode
-from .term import CTORS
-from .translate import VIEW_OPS, Translation
-from .normalize import canonical_name
+from .fxvocab import (
+    ALIASING_OPS,
+    FAST_META_VIEW_FUNCTIONS,
+    FAST_META_VIEW_METHODS,
+    METADATA_MUTATORS,
+    SHAPE_META,
+    TensorInfo,
+    canonical_name,
+    fetch_attr,
+    node_tensor_infos,
+    target_name,
+)
+from .term import CTORS, OP_CTORS
+from .translate import Translation
 
 log = logging.getLogger(__name__)
 
 
 class RebuildError(RuntimeError):
     """The chosen program cannot be written as an FX graph (for example, a cycle)."""
-
-
-# Emitted views of a graph input alias that input; outputs must not gain new aliasing.
-_VIEW_TARGETS = {torch.narrow, torch.reshape, torch.permute, "expand", operator.getitem}
 
 
 def _scalar(c: float) -> int | float:
@@ -101,7 +107,7 @@ class Rebuilder:
         for n in self.t.gm.graph.nodes:
             if n.op in ("placeholder", "get_attr"):
                 aliases.add(n)
-            elif canonical_name(n) in VIEW_OPS and any(a in aliases for a in n.all_input_nodes):
+            elif canonical_name(n) in ALIASING_OPS and any(a in aliases for a in n.all_input_nodes):
                 aliases.add(n)
         return aliases
 
@@ -278,7 +284,7 @@ class Rebuilder:
             return self._call(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)
-        elif ctor in ("Unary", "Binary", "Op1", "Op2", "Op3"):
+        elif ctor in OP_CTORS:  # (Scalar, also an op constructor, is handled above)
             spec = self.t.registry.specs[args[0]]
             return spec.emit(g, [val(a) for a in args[1:]], name=self._fresh_name(spec.target))
         else:
@@ -377,23 +383,9 @@ def _fake_tensor_prop(gm: torch.fx.GraphModule, values: list[Any]) -> bool:
 # the result. A node whose copied meta already has exactly the computed
 # metadata keeps its value. Other ops run under the fake mode, as FakeTensorProp
 # runs them. Every value lives in one fake mode: the placeholders' own (Dynamo's,
-# so copied values can be kept) or, without one, a fresh mode.
-
-_VIEW_FUNCTIONS = frozenset({
-    torch.narrow, torch.reshape, torch.permute, torch.transpose, torch.swapaxes, torch.swapdims,
-    torch.squeeze, torch.unsqueeze, torch.flatten, torch.select, torch.t, torch.movedim,
-    torch.split, torch.chunk, torch.unbind, torch.Tensor.view, torch.Tensor.expand, torch.Tensor.reshape,
-})
-_VIEW_METHODS = frozenset({
-    "narrow", "reshape", "view", "permute", "expand", "expand_as", "view_as", "transpose", "swapaxes",
-    "swapdims", "squeeze", "unsqueeze", "flatten", "unflatten", "select", "t", "movedim", "split",
-    "split_with_sizes", "chunk", "unbind", "contiguous", "size", "dim",
-})
-# In-place ops that change a tensor's metadata (values here would alias them).
-_METADATA_MUTATORS = frozenset({
-    "resize_", "resize_as_", "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "set_",
-    "swapdims_", "swapaxes_", "as_strided_scatter_", "_unsafe_set_",
-})
+# so copied values can be kept) or, without one, a fresh mode. The views run
+# directly and the ops that rule this path out are fxvocab's FAST_META_VIEW_*
+# and METADATA_MUTATORS tables.
 
 
 def _basic_index(idx: Any) -> bool:
@@ -483,7 +475,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
 
     nodes = list(gm.graph.nodes)
     for n in nodes:
-        if n.op in ("call_function", "call_method") and target_name(n.target) in _METADATA_MUTATORS:
+        if n.op in ("call_function", "call_method") and target_name(n.target) in METADATA_MUTATORS:
             return None
         if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator):
             return None
@@ -586,10 +578,10 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                     view = _same_device_fakes(args[0], mode)  # cat's meta kernel is what fake mode runs
                     fn = target
                 else:
-                    view = target in _VIEW_FUNCTIONS
+                    view = target in FAST_META_VIEW_FUNCTIONS
                     fn = target
             elif op == "call_method":
-                view = target in _VIEW_METHODS
+                view = target in FAST_META_VIEW_METHODS
                 fn = getattr(torch.Tensor, target) if view else None
             if view and (first := _first_fake(args)) is not None and first.fake_mode is mode:
                 device = first.fake_device

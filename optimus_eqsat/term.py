@@ -259,7 +259,8 @@ NON_SLICE_TENSOR_CTORS = tuple(c for c in CTORS.values() if c.output == "Tensor"
                                and c.name != "Slice")
 VIEW_CTORS = frozenset(c.name for c in CTORS.values() if c.role is Role.VIEW)
 EMITTED_CTORS = frozenset(c.name for c in CTORS.values() if c.emitted)
-OP_CTORS = frozenset(c.name for c in CTORS.values() if c.role in (Role.ELEMENTWISE, Role.OP))
+OP_CTORS = frozenset(c.name for c in CTORS.values() if c.role in (Role.ELEMENTWISE, Role.OP))  # carry an op key
+ELEMENTWISE_CTORS = frozenset(c.name for c in CTORS.values() if c.role is Role.ELEMENTWISE)
 
 
 def ctor_of(name: str) -> CtorInfo | None:

@@ -26,22 +26,13 @@ import torch.fx
 import torch.nn.functional as F
 
 from . import normalize
-from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind, canonical_name
+from .fxvocab import ALIASING_OPS, RANDOM_OPS, canonical_name, node_values
+from .fxvocab import ExampleInputError, check_example_inputs, record_shapes  # noqa: F401  (re-exported)
+from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
 from .opspec import OpRegistry, OpSpec, Slot
 from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Term, Unary, Union, cons_list
 
 log = logging.getLogger(__name__)
-
-# Ops that return a view of (or the same storage as) an input.
-VIEW_OPS = {
-    "reshape", "view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as", "expand",
-    "expand_as", "broadcast_to", "permute", "transpose", "t", "movedim", "getitem", "slice", "select",
-    "narrow", "split", "chunk", "unbind", "detach", "contiguous", "alias", "as_strided", "diagonal",
-    "real", "imag", "view_as_real", "view_as_complex", "unfold", "T", "mT", "H", "dropout", "identity",
-}
-# Random ops keep their order (the RNG stream is a side effect).
-RANDOM_OPS = {"rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "bernoulli",
-              "multinomial", "normal", "uniform", "randperm", "poisson", "native_dropout"}
 
 
 class Impure(Unsupported):
@@ -87,78 +78,6 @@ def _value_shape(value: Any) -> tuple[int, ...] | None:
     return tuple(int(s) for s in shape)
 
 
-def _meta_value(node: torch.fx.Node) -> Any:
-    for key in ("val", "example_value"):
-        if key in node.meta:
-            return node.meta[key]
-    return node.meta.get("tensor_meta")
-
-
-class _Recorder(torch.fx.Interpreter):
-    """Runs the graph on example inputs, recording each node's shape and dtype."""
-
-    def __init__(self, gm: torch.fx.GraphModule):
-        super().__init__(gm)
-        self.seen: dict[torch.fx.Node, Any] = {}
-        self.current: torch.fx.Node | None = None
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        self.current = n
-        out = super().run_node(n)
-        if isinstance(out, torch.Tensor):
-            self.seen[n] = torch.empty(0).new_empty(out.shape, dtype=out.dtype, device="meta")
-        return out
-
-
-class ExampleInputError(ValueError):
-    """Example inputs that do not fit the graph (a caller's mistake)."""
-
-
-def _placeholder_meta(node: torch.fx.Node) -> Any:
-    value = _meta_value(node)
-    return value if isinstance(value, torch.Tensor) else None
-
-
-def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> None:
-    """Raise :class:`ExampleInputError` when ``example_inputs`` cannot be the graph's inputs:
-    a different count, or a tensor whose shape or dtype differs from the placeholder's meta
-    (symbolic sizes match anything)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(example_inputs) != len(placeholders):
-        raise ExampleInputError(f"{len(example_inputs)} example inputs for {len(placeholders)} placeholders "
-                                f"({', '.join(n.name for n in placeholders)})")
-    for k, (node, value) in enumerate(zip(placeholders, example_inputs)):
-        meta = _placeholder_meta(node)
-        if meta is None or not isinstance(value, torch.Tensor):
-            continue
-        want, got = tuple(meta.shape), tuple(value.shape)
-        fits = len(want) == len(got) and all(not isinstance(w, int) or w == g for w, g in zip(want, got))
-        if not fits or meta.dtype != value.dtype:
-            raise ExampleInputError(
-                f"example input {k} ({node.name!r}) is {tuple(got)} {value.dtype}; the graph expects "
-                f"{tuple(int(w) if isinstance(w, int) else str(w) for w in want)} {meta.dtype}")
-
-
-def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dict[torch.fx.Node, Any]:
-    """Meta tensors per node from one run on example inputs.
-
-    Raises :class:`ExampleInputError` naming the node where the run failed: inputs that
-    do not run through the graph are a caller's mistake, not a graph to optimize blind."""
-    recorder = _Recorder(gm)
-    try:
-        with torch.no_grad():
-            recorder.run(*example_inputs)
-    except Exception as exc:
-        failed = recorder.current.name if recorder.current is not None else "?"
-        raise ExampleInputError(f"the example inputs ({', '.join(_describe(v) for v in example_inputs)}) "
-                                f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}") from exc
-    return recorder.seen
-
-
-def _describe(value: Any) -> str:
-    return f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
-
-
 # ---------------------------------------------------------------- mutation analysis
 
 
@@ -202,7 +121,7 @@ def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple
 
     def aliasing(n: torch.fx.Node) -> bool:  # unknown ops may alias too
         name = canonical_name(n)
-        return n.op == "call_module" or name is None or name in VIEW_OPS or n in mutating
+        return n.op == "call_module" or name is None or name in ALIASING_OPS or n in mutating
 
     tainted: set[torch.fx.Node] = set()
     work = [n.args[0] for n in mutating if n.args and isinstance(n.args[0], torch.fx.Node)] + list(mutating)
@@ -232,15 +151,11 @@ class Translator:
         self.t = Translation(gm, self.nodes)
         self.split_pieces: dict[int, list[str]] = {}
         self.node: torch.fx.Node | None = None
-        recorded = {}
         if example_inputs is not None:
             check_example_inputs(gm, example_inputs)
-            if any(_meta_value(n) is None for n in self.nodes if n.op != "output"):
-                recorded = record_shapes(gm, example_inputs)
+        values = node_values(gm, example_inputs)
         for i, n in enumerate(self.nodes):
-            value = _meta_value(n)
-            if value is None or _value_shape(value) is None:
-                value = recorded.get(n, value)
+            value = values[n]
             shape = _value_shape(value) if value is not None else None
             if shape is not None and not isinstance(value, (tuple, list)):
                 self.t.shapes[i] = shape

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 from optimus_eqsat import optimize_graph
-from optimus_eqsat.normalize import canonical_name
+from optimus_eqsat.fxvocab import canonical_name
 
 
 def op_counts(gm: torch.fx.GraphModule) -> Counter:

@@ -28,6 +28,7 @@ from ..extract.fx_cost import predict_kernels
 from ..fx_graphs import op_count
 from ..rebuild import propagate_meta, rebuild
 from ..rewrites import shape_rules
+from ..term import OP_CTORS
 from . import history as hist
 from .display import Code, Picture, SideBySide, esc, html_table
 from .egraph_view import neighbourhood_picture, parents_index
@@ -40,7 +41,6 @@ from .verify import ExportMismatch, check_same
 __all__ = ["Explorer", "SteeringError", "ExportMismatch"]
 
 Target = "int | str | fx.Node"
-_OP_CTORS = ("Unary", "Binary", "Scalar", "Op1", "Op2", "Op3")
 
 
 class SteeringError(ValueError):
@@ -290,7 +290,7 @@ class Explorer:
                 "chosen_now": self.choice.get(c) == k,
                 "original_of": ", ".join(self.originals.get((c, k), [])),
                 "steering": self.steering.state(c, k),
-                "op": registry.get(n.args[0], "") if n.ctor in _OP_CTORS else "",
+                "op": registry.get(n.args[0], "") if n.ctor in OP_CTORS else "",
                 "built_by": ("(loaded from FX)" if (c, k) in self.originals else
                              ", ".join(self._candidates(c, n, k)[:4]) if n.ctor in EMITTED else ""),
             }
@@ -392,7 +392,8 @@ class Explorer:
         """Predicted kernel launches (``fx_cost.PredictedKernel``) of a program."""
         which = self._which(which)
         if which not in self._kernels:
-            self._kernels[which] = predict_kernels(self.graph(which), self.example_inputs, self.options.profile)
+            self._kernels[which] = predict_kernels(self.graph(which), self.example_inputs,
+                                                  self.run.objective.profile)
         return self._kernels[which]
 
     def picture(self, which: str = "current", max_nodes: int = 300, show_params: bool = False) -> Picture:

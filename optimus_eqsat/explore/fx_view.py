@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch.fx as fx
 
+from .. import fxvocab
 from .display import Picture, esc, html_table, quote
 
 KIND_COLOURS = {
@@ -21,25 +22,18 @@ KIND_COLOURS = {
 
 
 def op_label(gm: fx.GraphModule, node: fx.Node) -> str:
-    """A short name of what a node does."""
-    if node.op == "call_module":
-        try:
-            return type(gm.get_submodule(str(node.target))).__name__
-        except AttributeError:
-            return str(node.target)
-    if node.op in ("call_function", "call_method"):
-        target = node.target
-        return target if isinstance(target, str) else getattr(target, "__name__", str(target))
-    return node.op
+    """A short name of what a node does (the cost model's label of a call; else the node's op)."""
+    if node.op not in ("call_module", "call_function", "call_method"):
+        return node.op
+    try:
+        return fxvocab.op_label(gm, node)
+    except AttributeError:  # a call_module whose module is gone
+        return str(node.target)
 
 
 def shape_of(node: fx.Node) -> str:
-    for key in ("val", "example_value", "tensor_meta"):
-        value = node.meta.get(key)
-        shape = getattr(value, "shape", None)
-        if shape is not None:
-            return "x".join(str(s) for s in shape)
-    return ""
+    shape = getattr(fxvocab.meta_value(node), "shape", None)
+    return "" if shape is None else "x".join(str(s) for s in shape)
 
 
 def _kind(kernel) -> str:

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from ..egraph_export import ClassRef, ExportedEGraph, TermNode
 from ..translate import Translation
-from ..term import CTORS, Id, ListTerm, Term
+from ..term import CTORS, OP_CTORS, Id, ListTerm, Term
 
 MAX_LIST_SHOWN = 8
 
@@ -86,7 +86,7 @@ def node_text(node: TermNode, op_names: dict[str, str] | None = None) -> str:
     """One e-node on one line: ``Slice(c0, 1, 48, 64)``, ``Op3[linear_b](c5, c6, c7)``."""
     args = list(node.args)
     head = node.ctor
-    if head in ("Unary", "Binary", "Scalar", "Op1", "Op2", "Op3") and args and isinstance(args[0], str):
+    if head in OP_CTORS and args and isinstance(args[0], str):
         head = f"{head}[{args[0]}]"
         args = args[1:]
     shown = ", ".join(f"c{a.index}" if isinstance(a, ClassRef) else repr(a) for a in args)
@@ -156,7 +156,7 @@ def _render(node: TermNode, kids: list[str], egraph: ExportedEGraph, choice: dic
         _, more = _list_members(egraph, lst, choice)
         body = "[" + ", ".join(kids) + (", ..." if more else "") + "]"
         return f"cat({body})" if node.ctor == "Cat" else body
-    if node.ctor in ("Unary", "Binary", "Scalar", "Op1", "Op2", "Op3"):
+    if node.ctor in OP_CTORS:
         key, rest = prims[0].strip("'"), prims[1:]
         return f"{key}({', '.join(kids + rest)})"
     if node.ctor == "Leaf":

@@ -8,7 +8,7 @@ Binary op whose key is pointwise.
 from __future__ import annotations
 
 from ...opspec import POINTWISE
-from ...term import CTORS, Scalar
+from ...term import CTORS, ELEMENTWISE_CTORS, Scalar
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate, shapes_known
@@ -21,7 +21,7 @@ class Elementwise(BatchKind):
 
     def key(self, t: Translation, c: Candidate) -> tuple | None:
         spec = t.registry.specs.get(c.key)
-        if not shapes_known(t, c) or c.ctor not in ("Unary", "Scalar", "Binary") or spec is None \
+        if not shapes_known(t, c) or c.ctor not in ELEMENTWISE_CTORS or spec is None \
                 or spec.kind != POINTWISE:
             return None
         return (c.ctor, c.key, tuple(t.shapes[o] for o in c.operands), c.scalar_key, t.dtypes.get(c.node))

@@ -1,0 +1,212 @@
+"""What FX nodes hold: tensor meta readers, and the one way to read a graph's shapes.
+
+Graphs say what their nodes hold in node meta: ``meta["val"]`` (torch.export,
+aten graphs; fake tensors), ``meta["example_value"]`` (Dynamo),
+``meta["tensor_meta"]`` (ShapeProp) or, on programs the optimizer rebuilt,
+:data:`SHAPE_META` (the e-graph's shape, a :class:`TensorInfo`). Where meta is
+missing, :func:`node_values` runs the example inputs through the graph once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch.fx.node import map_aggregate
+
+# meta key under which optimus_eqsat's rebuild leaves a TensorInfo known from the
+# e-graph's shape analysis: cheap shapes for candidate programs, no fake tensors.
+SHAPE_META = "optimus_eqsat_shape"
+_META_KEYS = ("val", "example_value", "tensor_meta")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape (None where symbolic and unhinted) and element size of a tensor."""
+
+    shape: tuple[int | None, ...]
+    itemsize: int
+
+    @property
+    def numel(self) -> int | None:
+        total = 1
+        for dim in self.shape:
+            if dim is None:
+                return None
+            total *= dim
+        return total
+
+    @property
+    def nbytes(self) -> int:
+        return (self.numel or 0) * self.itemsize
+
+
+def _dim(size: Any) -> int | None:
+    try:
+        return int(size)
+    except Exception:  # unhinted SymInt
+        return None
+
+
+def tensor_infos(value: Any) -> list[TensorInfo] | None:
+    """The tensors in a node's value (tensors, ShapeProp metadata, TensorInfo, or
+    structures of them), flattened; [] when it holds none; None for None (unknown)."""
+    from torch.fx.passes.shape_prop import TensorMetadata
+
+    if isinstance(value, (torch.Tensor, TensorMetadata)):
+        return [TensorInfo(tuple(_dim(s) for s in value.shape), value.dtype.itemsize)]
+    if isinstance(value, TensorInfo):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        out: list[TensorInfo] = []
+        for item in value:
+            out.extend(tensor_infos(item) or [])
+        return out
+    if isinstance(value, dict):
+        return tensor_infos(list(value.values()))
+    if value is None:
+        return None
+    return []  # int, float, SymInt, bool: known and not a tensor
+
+
+def meta_value(node: torch.fx.Node) -> Any:
+    """What node meta says ``node`` holds: the first of ``meta["val"]``,
+    ``["example_value"]``, ``["tensor_meta"]`` that is set; None if none is."""
+    meta = node.meta
+    for key in _META_KEYS:
+        value = meta.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def node_tensor_infos(node: torch.fx.Node) -> list[TensorInfo] | None:
+    """Tensors a node produces, from :func:`meta_value`, else from ``[SHAPE_META]``;
+    None when no meta is present."""
+    value = _known_value(node)
+    return None if value is None else tensor_infos(value)
+
+
+def _known_value(node: torch.fx.Node) -> Any:
+    value = meta_value(node)
+    return node.meta.get(SHAPE_META) if value is None else value
+
+
+def fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    """The value a ``get_attr`` node reads: ``target`` is a dotted path ("projs.3.bias")."""
+    obj: Any = gm
+    for atom in target.split("."):
+        obj = getattr(obj, atom)
+    return obj
+
+
+# ---------------------------------------------------------------- example inputs
+
+
+class ExampleInputError(ValueError):
+    """Example inputs that do not fit the graph (a caller's mistake)."""
+
+
+def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> None:
+    """Raise :class:`ExampleInputError` when ``example_inputs`` cannot be the graph's inputs:
+    a different count, or a tensor whose shape or dtype differs from the placeholder's meta
+    (symbolic sizes match anything)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(example_inputs) != len(placeholders):
+        raise ExampleInputError(f"{len(example_inputs)} example inputs for {len(placeholders)} placeholders "
+                                f"({', '.join(n.name for n in placeholders)})")
+    for k, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        meta = meta_value(node)
+        if not isinstance(meta, torch.Tensor) or not isinstance(value, torch.Tensor):
+            continue
+        want, got = tuple(meta.shape), tuple(value.shape)
+        fits = len(want) == len(got) and all(not isinstance(w, int) or w == g for w, g in zip(want, got))
+        if not fits or meta.dtype != value.dtype:
+            raise ExampleInputError(
+                f"example input {k} ({node.name!r}) is {tuple(got)} {value.dtype}; the graph expects "
+                f"{tuple(int(w) if isinstance(w, int) else str(w) for w in want)} {meta.dtype}")
+
+
+def _to_meta(value: Any) -> tuple[Any, bool]:
+    """``value`` with every tensor replaced by a meta tensor of its shape and dtype,
+    and whether it held a tensor."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty(0).new_empty(value.shape, dtype=value.dtype, device="meta"), True
+    if not isinstance(value, (tuple, list, dict)):
+        return value, False
+    found = False
+
+    def convert(x: Any) -> Any:
+        nonlocal found
+        if isinstance(x, torch.Tensor):
+            found = True
+            return torch.empty(0).new_empty(x.shape, dtype=x.dtype, device="meta")
+        return x
+
+    return map_aggregate(value, convert), found
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the graph on example inputs, recording what each node holds as meta tensors."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.seen: dict[torch.fx.Node, Any] = {}
+        self.current: torch.fx.Node | None = None
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = n
+        out = super().run_node(n)
+        value, found = _to_meta(out)
+        if found:
+            self.seen[n] = value
+        return out
+
+
+def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dict[torch.fx.Node, Any]:
+    """Meta tensors per node from one run on example inputs: a tensor's own, or the
+    structure (tuple, list, dict) of a result that holds tensors; nodes that hold no
+    tensor (sizes, scalars) are absent.
+
+    Raises :class:`ExampleInputError` naming the node where the run failed: inputs that
+    do not run through the graph are a caller's mistake, not a graph to optimize blind."""
+    recorder = _Recorder(gm)
+    try:
+        with torch.no_grad():
+            recorder.run(*example_inputs)
+    except Exception as exc:
+        failed = recorder.current.name if recorder.current is not None else "?"
+        raise ExampleInputError(f"the example inputs ({', '.join(_describe(v) for v in example_inputs)}) "
+                                f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}") from exc
+    return recorder.seen
+
+
+def _describe(value: Any) -> str:
+    return f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def node_values(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    shape_meta: bool = False,
+) -> dict[torch.fx.Node, Any]:
+    """What each node holds: :func:`meta_value` and, where that is None and example
+    inputs are given, the value :func:`record_shapes` records in one run of them (the
+    run happens only when some node other than the output lacks meta). None where
+    neither says (also for nodes that hold no tensor and have no meta).
+
+    ``shape_meta=True``: a node with only :data:`SHAPE_META` (an e-graph shape the
+    rebuild left, no dtype) counts as known and holds that :class:`TensorInfo`.
+    Raises :class:`ExampleInputError` when the inputs do not run through the graph.
+    """
+    read = _known_value if shape_meta else meta_value
+    values = {n: read(n) for n in gm.graph.nodes}
+    if example_inputs is not None and any(v is None and n.op != "output" for n, v in values.items()):
+        recorded = record_shapes(gm, tuple(example_inputs))
+        for node, value in values.items():
+            if value is None:
+                values[node] = recorded.get(node)
+    return values

@@ -1,0 +1,122 @@
+"""The FX vocabulary: op tables, op names, and the one way to read a graph's shapes;
+and the seams of the cost model built on it (strategies, pricing)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+
+import pytest
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from optimus_eqsat.extract.classify import graph_infos
+from optimus_eqsat.extract.cost_model import KernelKind as K
+from optimus_eqsat.extract.fx_cost import plan_kernels, predict_kernels, strategy_for
+from optimus_eqsat.fxvocab import (
+    ALIASING_OPS,
+    SHAPE_META,
+    VIEW_OPS,
+    ExampleInputError,
+    TensorInfo,
+    canonical_name,
+    node_tensor_infos,
+    node_values,
+    op_kind,
+    target_name,
+)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        a, b = x.split(4, dim=1)
+        n = x.size(0)
+        return torch.relu(self.lin(torch.cat([b, a], dim=1))).reshape(n, 8)
+
+
+def _mine(x):
+    return x
+
+
+def _node(gm: fx.GraphModule, name: str) -> fx.Node:
+    return next(n for n in gm.graph.nodes if n.name == name)
+
+
+def test_op_tables():
+    assert op_kind("relu") is K.POINTWISE and op_kind("relu_") is K.POINTWISE  # in-place as plain
+    assert op_kind("broadcast_to") is K.VIEW and op_kind("empty_like") is K.VIEW
+    assert op_kind("grouped_linear") is K.MATMUL and op_kind("no_such_op") is None
+    assert VIEW_OPS < ALIASING_OPS and "dropout" in ALIASING_OPS - VIEW_OPS
+
+
+def test_names():
+    add = torch.ops.aten.add.Tensor
+    assert target_name(add) == "add" and target_name(add, qualified=True) == "aten.add.Tensor"
+    assert target_name(torch.ops.aten.add) == "add" and target_name("relu") == "relu"
+    partial = functools.partial(torch.add, alpha=2)
+    assert target_name(partial) == "partial" and target_name(partial, qualified=True) == repr(partial)
+    g = fx.Graph()
+    x = g.placeholder("x")
+    assert canonical_name(g.call_function(operator.add, (x, x))) == "add"
+    assert canonical_name(g.call_method("swapaxes", (x, 0, 1))) == "transpose"
+    assert canonical_name(g.call_function(_mine, (x,))) is None  # not a torch function
+
+
+def test_node_values_run_the_inputs_where_meta_is_missing():
+    gm = fx.symbolic_trace(Net())
+    values = node_values(gm, (torch.randn(2, 8),))
+    assert values[_node(gm, "lin")].shape == (2, 8) and values[_node(gm, "lin")].device.type == "meta"
+    split = values[_node(gm, "split")]
+    assert isinstance(split, tuple) and [t.shape for t in split] == [(2, 4), (2, 4)]
+    assert values[_node(gm, "size")] is None  # holds no tensor
+    assert all(v is None for v in node_values(gm).values())  # no meta, no inputs
+
+
+def test_node_values_read_meta_and_run_nothing_when_it_is_complete():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+    ShapeProp(gm).propagate(torch.randn(2, 8))
+    wrong = (torch.randn(3, 5),)  # would not run: meta is enough
+    values = node_values(gm, wrong)
+    assert tuple(values[_node(gm, "_0")].shape) == (2, 8)
+    # ShapeProp leaves no meta on a node holding no tensor (x.size(0)): then the inputs run
+    traced = fx.symbolic_trace(Net())
+    ShapeProp(traced).propagate(torch.randn(2, 8))
+    with pytest.raises(ExampleInputError, match="do not run through the graph: at 'lin'"):
+        node_values(traced, wrong)
+
+
+def test_shape_meta_counts_only_when_asked():
+    gm = fx.symbolic_trace(Net())
+    for n in gm.graph.nodes:
+        n.meta[SHAPE_META] = TensorInfo((2, 8), 4)
+    assert node_values(gm)[_node(gm, "lin")] is None
+    assert node_values(gm, shape_meta=True)[_node(gm, "lin")] == TensorInfo((2, 8), 4)
+    assert node_tensor_infos(_node(gm, "lin")) == [TensorInfo((2, 8), 4)]
+
+
+def test_cost_model_predicts_without_shapes_when_inputs_do_not_run(caplog):
+    gm = fx.symbolic_trace(Net())
+    with caplog.at_level(logging.WARNING):
+        infos = graph_infos(gm, (torch.randn(3, 5),))
+    assert all(v is None for v in infos.values()) and "did not run" in caplog.text
+    assert predict_kernels(gm, (torch.randn(3, 5),))  # still a prediction
+
+
+def test_strategies_and_pricing_seam():
+    with pytest.raises(ValueError, match="unknown code generator"):
+        strategy_for("tpu")
+    gm = fx.symbolic_trace(Net())
+    inputs = (torch.randn(2, 8),)
+    for profile in ("h100", "cpu"):
+        plans, pricing = plan_kernels(gm, inputs, profile)
+        kernels = predict_kernels(gm, inputs, profile)
+        # pricing keeps what the fusion model decided: one kernel per plan, same nodes, kind, note
+        assert [(p.kind, p.nodes, p.note) for p in plans] == [(k.kind, k.nodes, k.note) for k in kernels]
+        assert [k for p in plans for k in pricing.price(p)] == kernels
