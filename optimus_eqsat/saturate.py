@@ -92,8 +92,8 @@ def _parsed(program: str) -> tuple:
 @functools.lru_cache(maxsize=64)
 def _parsed_split(program: str, family: str) -> tuple[tuple, SplitFamily]:
     """A family's program parsed with one ruleset per rule (so backoff can leave rules out)."""
-    commands, split = split_family(_parsed(program), family)
-    return tuple(commands), split
+    text, split = split_family(program, family)
+    return _parsed(text), split
 
 
 def check_ruleset(ruleset: RuleSet, builtin: Iterable[RuleSet] = ()) -> None:
@@ -124,10 +124,9 @@ class EGraphSession:
             commands, split = _parsed_split(ruleset.program, ruleset.name)
             self.egraph.run_program(*commands)
             self.families.append(SplitFamily(split.family, split.rulesets, split.reported))  # its own cache
-        self._span = _parsed("(ruleset span_of_declarations)")[0].span  # combined rulesets declared later need one
 
     def _declare_combined(self, name: str, rulesets: list[str]) -> None:
-        self.egraph.run_program(eb.UnstableCombinedRuleset(self._span, name, rulesets))
+        self._run(f"(unstable-combined-ruleset {name} {' '.join(rulesets)})")
 
     def _run(self, program: str) -> list:
         return self.egraph.run_program(*self.egraph.parse_program(program))

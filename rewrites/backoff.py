@@ -10,10 +10,9 @@ others (:meth:`SplitFamily.without`, declared on first use).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
-
-import egglog.bindings as eb
+from typing import Callable, Iterable, Mapping
 
 from .schedule import Backoff
 
@@ -76,28 +75,69 @@ class BackoffScheduler:
         return dict(self._times)
 
 
-def _ruleset_of(command: Any) -> str | None:
-    if isinstance(command, eb.RuleCommand):
-        return command.rule.ruleset
-    if isinstance(command, (eb.RewriteCommand, eb.BiRewriteCommand)):
-        return command.name
-    return None
+_RULE_FORMS = ("rule", "rewrite", "birewrite")
 
 
-def _moved(command: Any, ruleset: str, name: str) -> Any:
-    """``command`` declaring its rule(s) in ``ruleset``, named ``name``."""
-    if isinstance(command, eb.RuleCommand):
-        r = command.rule
-        return eb.RuleCommand(eb.Rule(r.span, r.head, r.body, name, ruleset))
-    w = command.rewrite
-    rewrite = eb.Rewrite(w.span, w.lhs, w.rhs, w.conditions, name)
-    if isinstance(command, eb.BiRewriteCommand):
-        return eb.BiRewriteCommand(ruleset, rewrite)
-    return eb.RewriteCommand(ruleset, rewrite, command.subsume)
+@dataclass(frozen=True)
+class _Form:
+    """A top-level form of an egglog program: its text span, head, and its own keyword
+    arguments (``:ruleset``, ``:name``) with the span of each value."""
+
+    start: int
+    end: int
+    head: str
+    keywords: dict[str, tuple[str, int, int]]
 
 
-def _rule_name(command: Any) -> str:
-    return command.rule.name if isinstance(command, eb.RuleCommand) else command.rewrite.name
+def _forms(program: str) -> list[_Form]:
+    """The top-level forms of ``program`` (comments and strings skipped).
+
+    egglog's parser gives the same forms, but reading a parsed rule back through the
+    Python bindings costs about 5 ms (its spans carry the whole source): over a second
+    for the split/cat family, on the first optimization of every process."""
+    forms: list[_Form] = []
+    depth, start, head, keywords, pending, i, n = 0, 0, "", {}, None, 0, len(program)
+    while i < n:
+        ch = program[i]
+        if ch == ";":
+            i = program.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if ch.isspace():
+            i += 1
+            continue
+        if ch == "(":
+            if depth == 0:
+                start, head, keywords = i, "", {}
+            pending = None  # a keyword's value that is a list (:when (...)) is not kept
+            depth += 1
+            i += 1
+            continue
+        if ch == ")":
+            depth -= 1
+            if depth == 0:
+                forms.append(_Form(start, i + 1, head, keywords))
+            i += 1
+            continue
+        if ch == '"':  # a string, with backslash escapes
+            j = i + 1
+            while j < n and program[j] != '"':
+                j += 2 if program[j] == "\\" else 1
+            j += 1
+        else:
+            j = i
+            while j < n and not program[j].isspace() and program[j] not in '();"':
+                j += 1
+        token = program[i:j]
+        if depth == 1:
+            if not head:
+                head = token
+            elif pending is not None:
+                keywords[pending], pending = (token, i, j), None
+            elif token.startswith(":"):
+                pending = token
+        i = j
+    return forms
 
 
 @dataclass
@@ -134,29 +174,42 @@ class SplitFamily:
         return self._without[left_out]
 
 
-def split_family(commands: Sequence[Any], family: str) -> tuple[list[Any], SplitFamily]:
-    """``commands`` (a parsed family program) with every rule of ``family`` in a ruleset of
-    its own and ``family`` declared as their combined ruleset, where it was declared.
+def _unquote(token: str) -> str:
+    return re.sub(r"\\(.)", r"\1", token[1:-1])
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def split_family(program: str, family: str) -> tuple[str, SplitFamily]:
+    """``program`` (a family's egglog text) with every rule of ``family`` in a ruleset of its
+    own (``family@k``) and ``family`` declared, where it was, as their combined ruleset.
     An unnamed rule is named ``family#k`` (egglog would name it by its text, which holds
     the ruleset's name), a second rule of one name ``name#k``."""
-    ours = [c for c in commands if _ruleset_of(c) == family]
+    forms = _forms(program)
+    ours = [f for f in forms if f.head in _RULE_FORMS and f.keywords.get(":ruleset", ("",))[0] == family]
     names: list[str] = []
-    for k, command in enumerate(ours):
-        name = _rule_name(command) or f"{family}#{k}"
+    for k, form in enumerate(ours):
+        name = _unquote(form.keywords[":name"][0]) if ":name" in form.keywords else f"{family}#{k}"
         names.append(name if name not in names else f"{name}#{k}")  # a ban needs one rule per name
     rulesets = {name: f"{family}@{k}" for k, name in enumerate(names)}
     reported = {}
-    for command, name in zip(ours, names):
-        for shown in ([f"{name}=>", f"{name}<="] if isinstance(command, eb.BiRewriteCommand) else [name]):
+    for form, name in zip(ours, names):
+        for shown in ([f"{name}=>", f"{name}<="] if form.head == "birewrite" else [name]):
             reported[shown] = name
-    out, k = [], 0
-    for command in commands:
-        if isinstance(command, eb.AddRuleset) and command.name == family:
-            out += [eb.AddRuleset(command.span, rs) for rs in rulesets.values()]
-            out.append(eb.UnstableCombinedRuleset(command.span, family, list(rulesets.values())))
-        elif _ruleset_of(command) == family:
-            out.append(_moved(command, rulesets[names[k]], names[k]))
-            k += 1
+    declarations = "\n".join([*(f"(ruleset {rs})" for rs in rulesets.values()),
+                              f"(unstable-combined-ruleset {family} {' '.join(rulesets.values())})"])
+    declared = re.compile(rf"\(\s*ruleset\s+{re.escape(family)}\s*\)")
+    edits = [(f.start, f.end, declarations) for f in forms if declared.fullmatch(program, f.start, f.end)]
+    for form, name in zip(ours, names):
+        _, i, j = form.keywords[":ruleset"]
+        edits.append((i, j, rulesets[name]))
+        if ":name" in form.keywords:
+            _, i, j = form.keywords[":name"]
+            edits.append((i, j, _quote(name)))
         else:
-            out.append(command)
-    return out, SplitFamily(family, rulesets, reported)
+            edits.append((form.end - 1, form.end - 1, f" :name {_quote(name)}"))
+    for i, j, text in sorted(edits, reverse=True):
+        program = program[:i] + text + program[j:]
+    return program, SplitFamily(family, rulesets, reported)

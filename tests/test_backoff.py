@@ -7,6 +7,7 @@ from __future__ import annotations
 import egglog.bindings as eb
 
 from benchmarks.synthetic import split_cat_chain
+from optimus_eqsat import rewrites
 from optimus_eqsat.rulesets import select_rulesets
 from optimus_eqsat.saturate import EGraphSession, Limits, StopReason
 from optimus_eqsat.translate import translate
@@ -59,14 +60,14 @@ def test_family_split_runs_like_one_ruleset_and_leaves_banned_rules_out():
     (Add (N 3) (N 0))
     """
     egraph = eb.EGraph()
-    commands, split = split_family(egraph.parse_program(program), "fam")
-    egraph.run_program(*commands)
+    text, split = split_family(program, "fam")
+    egraph.run_program(*egraph.parse_program(text))
     assert list(split.rulesets) == ["comm", "fam#1", "one"]
     declared = []
 
     def declare(name, rulesets):
         declared.append((name, rulesets))
-        egraph.run_program(eb.UnstableCombinedRuleset(commands[1].span, name, rulesets))
+        egraph.run_program(*egraph.parse_program(f"(unstable-combined-ruleset {name} {' '.join(rulesets)})"))
 
     assert split.without([], declare) == "fam" and split.without(["comm", "fam#1", "one"], declare) is None
     without_comm = split.without(["comm"], declare)
@@ -104,3 +105,42 @@ def test_saturation_reports_bans_and_saturates_only_without_them():
     unbanned = plain.saturate(Limits(max_iterations=60))
     assert unbanned.stop_reason is StopReason.SATURATED and not unbanned.backoff_bans
     assert sat.enodes == unbanned.enodes
+
+
+def _family_rules(egraph: eb.EGraph, text: str, ruleset: str) -> list[str]:
+    """Names of the rules egglog's parser puts in ``ruleset``."""
+    names = []
+    for c in egraph.parse_program(text):
+        if isinstance(c, eb.RuleCommand) and c.rule.ruleset == ruleset:
+            names.append(c.rule.name)
+        elif isinstance(c, (eb.RewriteCommand, eb.BiRewriteCommand)) and c.name == ruleset:
+            names.append(c.rewrite.name)
+    return names
+
+
+def test_split_moves_every_rule_of_the_shipped_families():
+    egraph = eb.EGraph()
+    for family in rewrites.builtin_rulesets().values():
+        text, split = split_family(family.program, family.name)
+        assert sorted(split.rulesets) == sorted(_family_rules(egraph, family.program, family.name))
+        assert _family_rules(egraph, text, family.name) == []  # none left in the family itself
+        for rule, ruleset in split.rulesets.items():
+            assert _family_rules(egraph, text, ruleset) == [rule]
+
+
+def test_split_reads_conditions_strings_and_comments():
+    program = """
+    ; (rule ((= t (N 0))) ((N 1)) :ruleset fam :name "commented out")
+    (datatype E (N i64) (S String E))
+    (ruleset fam)
+    (ruleset other)
+    (rewrite (S "a)(;" x) x :when ((= x (N 1))) :ruleset fam :name "odd \\"name\\" (;")
+    (rule ((= t (S "q" x))) ((union t x)) :ruleset other)
+    (rule ((= t (S "r" x))) ((union t x)) :ruleset fam)
+    """
+    text, split = split_family(program, "fam")
+    assert list(split.rulesets) == ['odd "name" (;', "fam#1"]
+    egraph = eb.EGraph()
+    assert _family_rules(egraph, text, "fam@0") == ['odd "name" (;']
+    assert _family_rules(egraph, text, "fam@1") == ["fam#1"]
+    assert len(_family_rules(egraph, text, "other")) == 1
