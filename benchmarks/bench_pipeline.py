@@ -1,9 +1,16 @@
-"""Optimizer time per phase on synthetic split/cat chains of 1,000 / 10,000 / 100,000 nodes.
+"""Optimizer time per phase on synthetic graphs of 1,000 / 10,000 / 100,000 FX nodes.
 
-    python benchmarks/bench_pipeline.py [--sizes 1000,10000,100000] [--extractor greedy]
+    python -m benchmarks.bench_pipeline [--generator all|NAME,...] [--sizes 1000,10000,100000]
+                                        [--extractor greedy]
 
-Prints a Markdown table and the fitted growth exponent of total time vs size
-(1.0 = linear). Target (issue 2): 10,000 nodes under 5 s, exponent <= ~1.
+Generators are ``benchmarks.synthetic.GENERATORS`` (split/cat chains, scalar
+chains, residual adds, repeated ops, unary runs, view chains, and each of those
+with split/cat round trips); the default is ``split_cat_chain``. Prints one
+Markdown row per generator and size (FX nodes, e-nodes, iterations, stop
+reason, backoff bans, seconds per phase, optimize_graph's total) and then the
+fitted growth exponent per generator (1.0 = linear) of the total time, the
+saturation time and the e-nodes. Targets (robustness issue): 10,000 nodes under
+5 s, 100,000 under 60 s, exponent about 1, stop reason never ``node_limit``.
 """
 
 from __future__ import annotations
@@ -16,40 +23,67 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.synthetic import split_cat_chain  # noqa: E402
+from benchmarks.synthetic import GENERATORS  # noqa: E402
 from optimus_eqsat import optimize_graph  # noqa: E402
 
-PHASES = ("translate", "load", "saturate", "export", "extract", "rebuild", "verify")
+PHASES = ("translate", "load", "saturate", "batch", "export", "extract", "rebuild", "verify")
 
 
-def fitted_exponent(sizes: list[int], seconds: list[float]) -> float:
-    """Least-squares slope of log(time) against log(size)."""
-    xs, ys = [math.log(s) for s in sizes], [math.log(max(t, 1e-9)) for t in seconds]
+def fitted_exponent(sizes: list[int], values: list[float]) -> float:
+    """Least-squares slope of log(value) against log(size)."""
+    xs, ys = [math.log(s) for s in sizes], [math.log(max(v, 1e-9)) for v in values]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
+def measure(name: str, size: int, extractor: str) -> dict:
+    """One optimize_graph run of generator ``name`` at ``size`` FX nodes (building the graph not timed)."""
+    gm, _ = GENERATORS[name](size)
+    start = time.perf_counter()
+    out = optimize_graph(gm, raise_on_error=True, extractor=extractor)
+    total = time.perf_counter() - start
+    r = out.meta["optimus_eqsat"]
+    return {"generator": name, "fx_nodes": len(gm.graph.nodes), "enodes": r.enodes, "iterations": r.iterations,
+            "stop": r.stop_reason, "bans": sum(r.backoff_bans.values()), "phases": r.phase_seconds, "total": total,
+            "launches": f"{r.launches_before} -> {r.launches_after}"}
+
+
+def row(m: dict) -> str:
+    phases = " | ".join(f"{m['phases'].get(p, 0):.2f}" for p in PHASES)
+    return (f"| {m['generator']} | {m['fx_nodes']} | {m['enodes']} | {m['enodes'] / m['fx_nodes']:.1f} | "
+            f"{m['iterations']} | {m['stop']} | {m['bans']} | {phases} | {m['total']:.2f} | {m['launches']} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--generator", default="split_cat_chain",
+                        help=f"'all' or a comma list of: {', '.join(GENERATORS)}")
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--extractor", default="greedy")
     args = parser.parse_args(argv)
+    names = list(GENERATORS) if args.generator == "all" else args.generator.split(",")
+    unknown = [n for n in names if n not in GENERATORS]
+    if unknown:
+        parser.error(f"unknown generator(s) {unknown}; known: {', '.join(GENERATORS)}")
     sizes = [int(s) for s in args.sizes.split(",")]
-    print("| FX nodes | " + " | ".join(PHASES) + " | total s | launches before -> after | stop |")
-    print("|---|" + "---|" * (len(PHASES) + 3))
-    totals = []
-    for size in sizes:
-        gm, inputs = split_cat_chain(size)
-        start = time.perf_counter()
-        out = optimize_graph(gm, raise_on_error=True, extractor=args.extractor)
-        total = time.perf_counter() - start
-        r = out.meta["optimus_eqsat"]
-        totals.append(total)
-        phases = " | ".join(f"{r.phase_seconds.get(p, 0):.2f}" for p in PHASES)
-        print(f"| {len(gm.graph.nodes)} | {phases} | {total:.2f} | {r.launches_before} -> {r.launches_after} | {r.stop_reason} |",
-              flush=True)
+    print("| generator | FX nodes | e-nodes | e-nodes / FX node | iterations | stop | bans | "
+          + " | ".join(PHASES) + " | total s | launches before -> after |")
+    print("|---|" + "---|" * (len(PHASES) + 9))
+    runs: dict[str, list[dict]] = {}
+    for name in names:
+        for size in sizes:
+            m = measure(name, size, args.extractor)
+            runs.setdefault(name, []).append(m)
+            print(row(m), flush=True)
     if len(sizes) > 1:
-        print(f"\nfitted growth exponent (total time vs nodes): {fitted_exponent(sizes, totals):.2f}")
+        print("\nFitted growth exponent vs FX nodes (1.0 = linear):\n")
+        print("| generator | total time | saturate time | e-nodes |")
+        print("|---|---|---|---|")
+        for name, ms in runs.items():
+            nodes = [m["fx_nodes"] for m in ms]
+            print(f"| {name} | {fitted_exponent(nodes, [m['total'] for m in ms]):.2f} | "
+                  f"{fitted_exponent(nodes, [m['phases'].get('saturate', 0) for m in ms]):.2f} | "
+                  f"{fitted_exponent(nodes, [m['enodes'] for m in ms]):.2f} |")
     return 0
 
 

@@ -1,37 +1,204 @@
-"""Synthetic FX graphs of a given size, built directly (no tracing) so 100,000 nodes is cheap."""
+"""Synthetic FX graphs of a given size, built directly (no tracing) so 100,000 nodes is cheap.
+
+Every generator takes the FX node count to aim for (``n_nodes``, met to within
+one block) and returns ``(gm, example_inputs)``; the graphs are deterministic
+and every node carries ``meta["val"]`` (a meta tensor) like a Dynamo graph.
+They are the shapes that stress saturation (issue: robustness):
+
+- ``split_cat_chain``: split -> cat round trips between relus;
+- ``scalar_chain``: ``x * c``, ``x / c``, ``x + c``, ``x - c`` in a long chain
+  (constant folding: ``mul-mul`` and friends);
+- ``residual_adds``: scaled residual blocks ``x = x + relu(x) * c``;
+- ``repeated_ops``: the same op on the same input many times, summed;
+- ``unary_runs``: long runs of one unary op (``neg`` runs cancel pairwise);
+- ``view_chain``: reshape / permute / transpose / unsqueeze chains.
+
+Each but the first also exists "with split/cat" (``*_splitcat``): a split ->
+cat round trip after every block, so chains the round trips cut are joined
+once the split/cat rules remove them. ``GENERATORS`` names them all.
+"""
 
 from __future__ import annotations
 
 import operator
+from typing import Any, Callable
 
 import torch
 import torch.fx
 
+Generated = tuple[torch.fx.GraphModule, tuple]
 
-def split_cat_chain(n_nodes: int, pieces: int = 4, width: int = 8, batch: int = 2) -> tuple[torch.fx.GraphModule, tuple]:
+
+class GraphBuilder:
+    """Appends call_function nodes to an FX graph, with ``meta["val"]`` computed on meta tensors."""
+
+    def __init__(self, shape: tuple[int, ...], seed: int = 0):
+        self.graph = torch.fx.Graph()
+        generator = torch.Generator().manual_seed(seed)
+        self.example = torch.randn(*shape, generator=generator)
+        self.input = self.graph.placeholder("x")
+        self.input.meta["val"] = self.example
+        self.ops = 0  # call nodes so far
+
+    @property
+    def nodes(self) -> int:
+        """FX nodes so far: the placeholder, the call nodes and the output to come."""
+        return self.ops + 2
+
+    def call(self, target: Callable, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        """A call_function node; its meta["val"] is ``target`` run on the operands' meta values."""
+        node = self.graph.call_function(target, args, kwargs)
+        meta = lambda a: _as_meta(a.meta["val"]) if isinstance(a, torch.fx.Node) else a  # noqa: E731
+        node.meta["val"] = target(*torch.fx.node.map_aggregate(args, meta),
+                                  **torch.fx.node.map_aggregate(kwargs, meta))
+        self.ops += 1
+        return node
+
+    def round_trip(self, x: torch.fx.Node, pieces: int = 4, dim: int = -1) -> torch.fx.Node:
+        """``cat(split(x))`` along ``dim``: a no-op the split/cat rules remove (pieces + 2 nodes)."""
+        width = x.meta["val"].shape[dim] // pieces
+        split = self.call(torch.split, x, width, dim=dim)
+        items = [self.call(operator.getitem, split, i) for i in range(pieces)]
+        return self.call(torch.cat, items, dim=dim)
+
+    def finish(self, *outputs: torch.fx.Node) -> Generated:
+        self.graph.output(tuple(outputs))
+        return torch.fx.GraphModule(torch.nn.Module(), self.graph), (self.example,)
+
+
+def _as_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        return torch.empty_like(value, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_meta(v) for v in value)
+    return value
+
+
+def _blocks(b: GraphBuilder, n_nodes: int, x: torch.fx.Node, block: Callable[[torch.fx.Node, int], torch.fx.Node],
+            split_cat: bool) -> torch.fx.Node:
+    """Append ``block(x, i)`` (and a split/cat round trip after it) until ``n_nodes`` FX nodes."""
+    i = 0
+    while b.nodes < n_nodes or i == 0:
+        x = block(x, i)
+        if split_cat:
+            x = b.round_trip(x)
+        i += 1
+    return x
+
+
+def split_cat_chain(n_nodes: int, pieces: int = 4, width: int = 8, batch: int = 2) -> Generated:
     """A chain of blocks ``x = relu(cat(split(x)))`` (a split, its getitems, a cat and a relu).
 
     Every block is a split->cat round trip the optimizer removes, so the result
     is a chain of relus. Each node carries ``meta["val"]`` like a Dynamo graph.
     """
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    example = torch.randn(batch, pieces * width)
-    x.meta["val"] = example
-    per_block = pieces + 3
-    meta = torch.empty(batch, pieces * width, device="meta")
-    piece_meta = torch.empty(batch, width, device="meta")
-    for _ in range(max(1, n_nodes // per_block)):
-        split = graph.call_function(torch.split, (x, width), {"dim": 1})
-        split.meta["val"] = tuple(piece_meta for _ in range(pieces))
-        items = []
-        for i in range(pieces):
-            item = graph.call_function(operator.getitem, (split, i))
-            item.meta["val"] = piece_meta
-            items.append(item)
-        cat = graph.call_function(torch.cat, (items,), {"dim": 1})
-        cat.meta["val"] = meta
-        x = graph.call_function(torch.relu, (cat,))
-        x.meta["val"] = meta
-    graph.output((x,))
-    return torch.fx.GraphModule(torch.nn.Module(), graph), (example,)
+    b = GraphBuilder((batch, pieces * width))
+    x = b.input
+    for _ in range(max(1, n_nodes // (pieces + 3))):
+        x = b.call(torch.relu, b.round_trip(x, pieces, dim=1))
+    return b.finish(x)
+
+
+# Constants near 1 (and small shifts) keep a chain of 100,000 ops finite, and a
+# folded chain (constants combined in f64) within float32 tolerance of eager.
+_SCALE = (1.5, 0.75, 1.25, 0.8)
+_SHIFT = (0.25, 0.5, 0.125)
+_SCALAR_OPS = (operator.mul, operator.truediv, operator.add, operator.sub)
+
+
+def scalar_chain(n_nodes: int, split_cat: bool = False, run: int = 8, width: int = 16, batch: int = 2) -> Generated:
+    """``x = x*c1*c2*...`` in runs of ``run`` muls, then a run of divs, of adds, of subs, and so on;
+    the runs meet one another (mul-div, add-sub folding) and, with ``split_cat``, the next
+    block's chain once the round trip between them is removed."""
+    b = GraphBuilder((batch, width))
+
+    def block(x: torch.fx.Node, i: int) -> torch.fx.Node:
+        op = _SCALAR_OPS[i % len(_SCALAR_OPS)]
+        constants = _SCALE if op in (operator.mul, operator.truediv) else _SHIFT
+        for j in range(run):
+            x = b.call(op, x, constants[(i + j) % len(constants)])
+        return x
+
+    return b.finish(_blocks(b, n_nodes, b.input, block, split_cat))
+
+
+def residual_adds(n_nodes: int, split_cat: bool = False, width: int = 16, batch: int = 2) -> Generated:
+    """Scaled residual blocks ``x = x + relu(x) * c`` (a relu, a mul, an add each); c is 0.25
+    and -0.2 in turn, so positive entries are scaled by 1.25 * 0.8 == 1 every two blocks."""
+    b = GraphBuilder((batch, width))
+
+    def block(x: torch.fx.Node, i: int) -> torch.fx.Node:
+        return b.call(operator.add, x, b.call(operator.mul, b.call(torch.relu, x), (0.25, -0.2)[i % 2]))
+
+    return b.finish(_blocks(b, n_nodes, b.input, block, split_cat))
+
+
+def repeated_ops(n_nodes: int, split_cat: bool = False, copies: int = 6, width: int = 16, batch: int = 2) -> Generated:
+    """Blocks that apply one op ``copies`` times to the same input and sum the copies
+    (``x = neg(x) + neg(x) + ...``, then ``x*c`` copies, ``sin`` copies, ...) and scale the
+    sum back: the e-graph shares the copies; the sums meet the factoring rules."""
+    b = GraphBuilder((batch, width))
+    ops: list[Callable[[torch.fx.Node], torch.fx.Node]] = [
+        lambda x: b.call(torch.neg, x),
+        lambda x: b.call(operator.mul, x, 1.25),
+        lambda x: b.call(torch.sin, x),
+        lambda x: b.call(operator.mul, x, 0.8),
+        lambda x: b.call(torch.tanh, x),
+    ]
+
+    def block(x: torch.fx.Node, i: int) -> torch.fx.Node:
+        op = ops[i % len(ops)]
+        total = op(x)
+        for _ in range(copies - 1):
+            total = b.call(operator.add, total, op(x))
+        return b.call(operator.mul, total, 1.0 / copies)
+
+    return b.finish(_blocks(b, n_nodes, b.input, block, split_cat))
+
+
+def unary_runs(n_nodes: int, split_cat: bool = False, run: int = 8, width: int = 16, batch: int = 2) -> Generated:
+    """Runs of ``run`` equal unary ops: neg (pairs cancel by neg-neg), relu, abs, tanh in turn."""
+    b = GraphBuilder((batch, width))
+    ops = (torch.neg, torch.relu, torch.neg, torch.abs, torch.neg, torch.tanh)
+
+    def block(x: torch.fx.Node, i: int) -> torch.fx.Node:
+        for _ in range(run):
+            x = b.call(ops[i % len(ops)], x)
+        return x
+
+    return b.finish(_blocks(b, n_nodes, b.input, block, split_cat))
+
+
+def view_chain(n_nodes: int, split_cat: bool = False, width: int = 16, batch: int = 2) -> Generated:
+    """Blocks of views that end where they began: reshape (batch, width) -> (batch, 4, width/4),
+    permute, transpose back, unsqueeze, reshape back; a relu between blocks (6 nodes each)."""
+    b = GraphBuilder((batch, width))
+
+    def block(x: torch.fx.Node, i: int) -> torch.fx.Node:
+        y = b.call(torch.reshape, x, (batch, 4, width // 4))
+        y = b.call(torch.permute, y, (0, 2, 1))
+        y = b.call(torch.transpose, y, 1, 2)
+        y = b.call(torch.unsqueeze, y, 0)
+        y = b.call(torch.reshape, y, (batch, width))
+        return b.call(torch.relu, y) if i % 2 else y
+
+    return b.finish(_blocks(b, n_nodes, b.input, block, split_cat))
+
+
+def _with_split_cat(generator: Callable[..., Generated]) -> Callable[[int], Generated]:
+    def generate(n_nodes: int) -> Generated:
+        return generator(n_nodes, split_cat=True)
+
+    generate.__name__ = f"{generator.__name__}_splitcat"
+    generate.__doc__ = f"{generator.__name__} with a split/cat round trip after every block."
+    return generate
+
+
+_CHAINS = (scalar_chain, residual_adds, repeated_ops, unary_runs, view_chain)
+
+# Every generator by name: n_nodes -> (gm, example inputs).
+GENERATORS: dict[str, Callable[[int], Generated]] = {
+    "split_cat_chain": split_cat_chain,
+    **{g.__name__: g for g in _CHAINS},
+    **{f"{g.__name__}_splitcat": _with_split_cat(g) for g in _CHAINS},
+}

@@ -17,7 +17,11 @@ class OptimizeReport:
         mode, profile: what the step time prices ("inference"/"training") and on which device.
         rules_fired: matches per rule name, over the whole saturation.
         phase_seconds: time per phase (translate, load, saturate, export, extract, rebuild, verify).
-        stop_reason: why saturation stopped ("saturated", "iteration_limit", ...).
+        stop_reason: why saturation stopped ("saturated", "iteration_limit", ...). "saturated"
+            means a step changed nothing with no rule under a backoff ban.
+        backoff_bans: rules the backoff scheduler banned (rewrites/schedule.py Backoff), with
+            how many times; ``history`` lists the rules left out of each iteration
+            (``backoff_banned``).
         iterations, enodes, eclasses: size of the saturated e-graph.
         extractor: which extractor produced the program; optimal / gap as it reported.
         fell_back: True when the original graph was returned; fallback_reason says why.
@@ -38,6 +42,7 @@ class OptimizeReport:
     rules_fired: dict[str, int] = field(default_factory=dict)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     stop_reason: str | None = None
+    backoff_bans: dict[str, int] = field(default_factory=dict)
     iterations: int = 0
     enodes: int = 0
     eclasses: int = 0
@@ -71,6 +76,7 @@ class OptimizeReport:
         its size, the rules that fired and the per-iteration history."""
         self.stop_reason, self.iterations, self.enodes = sat.stop_reason.value, sat.iterations, sat.enodes
         self.rules_fired = {k: v for k, v in sorted(sat.rule_matches.items()) if v}
+        self.backoff_bans = dict(sorted(sat.times_banned.items()))
         self.history = sat.history
 
     def record_extraction(self, ext: Any) -> None:
@@ -97,6 +103,8 @@ class OptimizeReport:
             + (f" (declined by the fusion model: {', '.join(self.dropped_batches)})" if self.dropped_batches else ""),
             "rules fired:        " + (", ".join(f"{k} x{v}" for k, v in fired if v) or "none"),
         ]
+        if self.backoff_bans:
+            lines.append("backoff bans:       " + ", ".join(f"{k} x{v}" for k, v in self.backoff_bans.items()))
         if self.measured is not None:
             lines.append(f"step time:          {self.measured.summary()}")
         if self.fell_back:

@@ -1,8 +1,11 @@
 """The saturation driver: load the language, rule sets and facts; run under limits.
 
-What runs in one iteration is the schedule (rewrites/schedule.py). The loop
-stops when nothing changes (saturated) or at the first exhausted limit, and
-says which in :class:`StopReason`.
+What runs in one iteration is the schedule (rewrites/schedule.py), less the
+rules under a backoff ban (rewrites/backoff.py). The loop stops when nothing
+changes while no rule is banned (saturated) or at the first exhausted limit,
+and says which in :class:`StopReason`; a step that changes nothing while rules
+are banned brings their bans forward and the loop goes on, so a phase is never
+called saturated while a banned rule could still fire.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Iterable, Sequence
 import egglog.bindings as eb
 
 from .rewrites import RuleFileError, RuleSet, shape_rules
-from .rewrites.schedule import compose
+from .rewrites.backoff import BackoffScheduler, SplitFamily, split_family
+from .rewrites.schedule import Backoff, compose
 from .term import Fact, egglog_declarations
 
 # Facts are parsed in small batches: egglog's parse time grows faster than
@@ -55,6 +59,7 @@ class Limits:
     max_iterations: int = 12
     max_enodes: int | None = None  # None: ENODES_PER_FX_NODE per FX node, at least MIN_ENODE_LIMIT
     time_limit_s: float = 20.0
+    backoff: Backoff = Backoff()  # per-rule bans (rewrites/schedule.py); the first phase's holds for the e-graph
 
 
 @dataclass
@@ -68,13 +73,27 @@ class SaturationReport:
     load_seconds: float
     rule_matches: Counter = field(default_factory=Counter)
     rule_seconds: Counter = field(default_factory=Counter)
-    history: list[dict] = field(default_factory=list)  # per iteration: enodes, seconds, matches
+    # per iteration: enodes, seconds, matches, and "backoff_banned": the rules left out of it
+    history: list[dict] = field(default_factory=list)
+    backoff_bans: list = field(default_factory=list)  # every backoff.Ban, in order
+
+    @property
+    def times_banned(self) -> Counter:
+        """Backoff bans per rule."""
+        return Counter(ban.rule for ban in self.backoff_bans)
 
 
 @functools.lru_cache(maxsize=64)
 def _parsed(program: str) -> tuple:
     """Parsed commands of a static program (language, rule sets), reused across e-graphs."""
     return tuple(eb.EGraph().parse_program(program))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_split(program: str, family: str) -> tuple[tuple, SplitFamily]:
+    """A family's program parsed with one ruleset per rule (so backoff can leave rules out)."""
+    text, split = split_family(program, family)
+    return _parsed(text), split
 
 
 def check_ruleset(ruleset: RuleSet, builtin: Iterable[RuleSet] = ()) -> None:
@@ -97,8 +116,17 @@ class EGraphSession:
         self.egraph = eb.EGraph()
         self.fx_nodes = 0
         self.rulesets = list(rulesets)
-        for program in [LANGUAGE, shape_rules().program, *(r.program for r in self.rulesets)]:
+        self.backoff: BackoffScheduler | None = None  # made by the first saturate
+        for program in [LANGUAGE, shape_rules().program]:
             self.egraph.run_program(*_parsed(program))
+        self.families: list[SplitFamily] = []
+        for ruleset in self.rulesets:
+            commands, split = _parsed_split(ruleset.program, ruleset.name)
+            self.egraph.run_program(*commands)
+            self.families.append(SplitFamily(split.family, split.rulesets, split.reported))  # its own cache
+
+    def _declare_combined(self, name: str, rulesets: list[str]) -> None:
+        self._run(f"(unstable-combined-ruleset {name} {' '.join(rulesets)})")
 
     def _run(self, program: str) -> list:
         return self.egraph.run_program(*self.egraph.parse_program(program))
@@ -140,9 +168,11 @@ class EGraphSession:
 
         With ``previous``, continue its report: iterations, time and matches add
         up; the iteration and e-node limits apply to this phase, the time limit
-        to the total.
+        to the total. Backoff bans carry over from phase to phase (one scheduler
+        per e-graph, made with the first phase's ``limits.backoff``).
         """
-        plan = compose(self.rulesets)
+        if self.backoff is None:
+            self.backoff = BackoffScheduler(limits.backoff, self.fx_nodes)
         report = previous or SaturationReport(StopReason.SATURATED, 0, 0, 0.0, 0.0)
         first_iteration = report.iterations
         max_enodes = limits.max_enodes or max(MIN_ENODE_LIMIT, ENODES_PER_FX_NODE * self.fx_nodes)
@@ -152,24 +182,31 @@ class EGraphSession:
                 report.stop_reason = StopReason.ITERATION_LIMIT
                 break
             t0 = time.perf_counter()
-            outputs = self._run(plan.first) if report.iterations == first_iteration and plan.first else []
+            iteration = report.iterations + 1
+            banned = self.backoff.banned(iteration)
+            plan = compose(self.rulesets, {f.family: f.without(banned, self._declare_combined) for f in self.families})
+            outputs = self._run(plan.first) if iteration == first_iteration + 1 and plan.first else []
             (output,) = self._run(plan.step)
             run = output.report
-            for extra in outputs:
-                run.num_matches_per_rule.update(extra.report.num_matches_per_rule)
-            matches = Counter(run.num_matches_per_rule)
+            matches = Counter()
+            for r in [o.report for o in outputs] + [run]:
+                matches.update(r.num_matches_per_rule)
+                for rule, spent in r.search_and_apply_time_per_rule.items():
+                    report.rule_seconds[rule] += spent.total_seconds()
             report.rule_matches.update(matches)
-            for rule, spent in run.search_and_apply_time_per_rule.items():
-                report.rule_seconds[rule] += spent.total_seconds()
-            report.iterations += 1
+            for family in self.families:  # only the step's rounds count toward a ban
+                report.backoff_bans += self.backoff.record(iteration, family.matches(run.num_matches_per_rule))
+            report.iterations = iteration
             enodes = self.enode_count()
             report.history.append(
-                {"iteration": report.iterations, "enodes": enodes, "seconds": time.perf_counter() - t0,
-                 "matches": dict(matches)}
+                {"iteration": iteration, "enodes": enodes, "seconds": time.perf_counter() - t0,
+                 "matches": dict(matches), "backoff_banned": sorted(banned)}
             )
             if record_eclasses:
                 report.history[-1]["eclasses"] = self.eclass_count()
-            if not run.updated:
+            # A step that changed nothing while rules were banned is not saturation:
+            # bring_forward ends a ban and the loop goes on.
+            if not run.updated and not self.backoff.bring_forward(iteration):
                 report.stop_reason = StopReason.SATURATED
                 break
             if enodes > max_enodes:

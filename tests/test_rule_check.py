@@ -123,6 +123,9 @@ def test_every_fixed_key_of_the_translator_has_a_meaning():
 KNOWN_UNSOUND = {"algebraic.egg": set(), "splitcat.egg": set()}  # fixed: cat-linear-b-rows, cat-linear-cols
 
 
+ANALYSIS_RULES = {"algebraic.egg": 32, "splitcat.egg": 16}  # at most, per file
+
+
 @pytest.mark.parametrize("name", ["algebraic.egg", "splitcat.egg"])
 def test_shipped_rule_files_check_as_sound(name):
     found = check_rules(REPO / "rewrites" / name, samples=15, mixed_dtypes=False)
@@ -131,7 +134,9 @@ def test_shipped_rule_files_check_as_sound(name):
     for v in found:
         if v.status == "not checked":
             assert "analysis rule" in v.reason, v  # every rule with a union or a shape is checked
-    assert sum(v.status == "sound" for v in found) >= len(found) - 16
+    # analysis rules, checked through the rules that read them; algebraic's scalar-chain walk
+    # (chain roots and constants: 16 rules) is checked through its four fold rules
+    assert sum(v.status == "sound" for v in found) >= len(found) - ANALYSIS_RULES[name]
 
 
 @pytest.mark.parametrize("rule", sorted(KNOWN_UNSOUND["algebraic.egg"]))

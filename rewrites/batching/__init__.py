@@ -45,7 +45,7 @@ from typing import Any
 from ...term import Fact
 from ...translate import Translation
 from .builder import BatchBuilder
-from .candidates import Candidate, build_order, candidate_ancestors, independent_groups, parse_candidate
+from .candidates import Candidate, build_order, independent_groups, parse_candidate
 from .kinds import KINDS, BatchContext, BatchKind
 from .views import cat_alternatives
 
@@ -91,12 +91,11 @@ def batch_facts(t: Translation, profile: Any = None, frozen: bool = False) -> Ba
                 keyed[(kind.name, key)].append(candidate)
                 kind_of[(kind.name, key)] = kind
     keyed = {k: v for k, v in keyed.items() if len(v) >= MIN_GROUP}
-    ancestors = candidate_ancestors(t, {c.node for members in keyed.values() for c in members})
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)
     outputs: dict[str, list[int]] = defaultdict(list)
-    groups = [(kind_of[key], group) for key, members in keyed.items()
-              for group in independent_groups(members, ancestors) if len(group) >= MIN_GROUP]
+    groups = [(kind_of[key], group) for key, key_groups in independent_groups(t, keyed).items()
+              for group in key_groups if len(group) >= MIN_GROUP]
     for kind, group in (groups[k] for k in build_order([g for _, g in groups])):
         if not kind.can_pay(context, len(group)) or not kind.build(builder, group):
             continue

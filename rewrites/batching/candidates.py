@@ -3,14 +3,15 @@
 A candidate is an FX node translated to one op term over whole FX values
 (``Unary/Binary/Scalar/Op1-Op3`` of ``Id`` operands). Candidates of one fusion
 key are split greedily into groups whose members do not depend on each other
-(a bitset of candidate ancestors per node), so a group never builds a cycle
-through its own members; groups are then built in dependency order.
+(one pass in graph order), so a group never builds a cycle through its own
+members; groups are then built in dependency order.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Hashable, Mapping
 
 import networkx as nx
 
@@ -49,41 +50,51 @@ def parse_candidate(i: int, term: Term) -> Candidate | None:
                      term.c if isinstance(term, Scalar) else None)
 
 
-def candidate_ancestors(t: Translation, candidates: set[int]) -> dict[int, int]:
-    """For every candidate, a bitset (Python int) of the candidates it depends on.
+def independent_groups(t: Translation, keyed: Mapping[Hashable, list[Candidate]]) -> dict[Hashable, list[list[Candidate]]]:
+    """Split each key's candidates into groups with no dependency inside a group.
 
-    One pass in graph order (which is topological); bits are candidate indices.
-    Big-int ORs keep this fast for thousands of candidates.
+    The groups are those of the greedy rule "in graph order, a candidate joins the first
+    group none of whose members it depends on", computed without comparing it with
+    every group: that first group is one past the last group holding an ancestor of it
+    (every group up to that one holds an ancestor: the greedy rule put that ancestor
+    there because each earlier group held an ancestor of it; no later group holds
+    one). So a candidate's group is 1 + the highest group among its same-key
+    ancestors, found in one pass in graph order (topological) carrying, per node, the
+    highest group per key among the candidates it depends on. Linear in the graph for
+    a bounded number of keys; pairwise bitset tests were quadratic on chains (83 s on
+    a 30,000-node chain of unary ops).
     """
+    keys_of: dict[int, list[Hashable]] = defaultdict(list)
+    for key, members in keyed.items():
+        for c in members:
+            keys_of[c.node].append(key)
+    by_node = {c.node: c for members in keyed.values() for c in members}
     index = t.index
-    bit = {i: 1 << k for k, i in enumerate(sorted(candidates))}
-    below: dict[int, int] = {}
+    empty: dict[Hashable, int] = {}
+    highest: list[dict[Hashable, int]] = []  # per node: key -> highest group of a candidate it depends on or is
+    groups: dict[Hashable, list[list[Candidate]]] = {key: [] for key in keyed}
     for i, node in enumerate(t.gm.graph.nodes):
-        mask = 0
-        for a in node.all_input_nodes:
-            j = index[a]
-            mask |= below[j] | bit.get(j, 0)
-        below[i] = mask
-    return {i: below[i] for i in candidates} | {-(i + 1): bit[i] for i in candidates}
-
-
-def independent_groups(members: list[Candidate], ancestors: dict[int, int]) -> list[list[Candidate]]:
-    """Split same-key candidates into groups with no dependency inside a group.
-
-    Greedy in graph order: a candidate joins the first group none of whose
-    members it depends on (later candidates cannot be ancestors of earlier ones).
-    """
-    groups: list[tuple[int, list[Candidate]]] = []
-    for c in sorted(members, key=lambda c: c.node):
-        mine, deps = ancestors[-(c.node + 1)], ancestors[c.node]
-        for k, (mask, group) in enumerate(groups):
-            if not deps & mask:
-                group.append(c)
-                groups[k] = (mask | mine, group)
-                break
+        inputs = [highest[index[a]] for a in node.all_input_nodes]
+        if not inputs:
+            below = empty
+        elif all(h is inputs[0] for h in inputs):
+            below = inputs[0]  # shared, never mutated
         else:
-            groups.append((mine, [c]))
-    return [group for _, group in groups]
+            below = dict(inputs[0])
+            for h in inputs[1:]:
+                for key, g in h.items():
+                    if g > below.get(key, -1):
+                        below[key] = g
+        if i in keys_of:
+            below = dict(below)
+            for key in keys_of[i]:
+                g = below.get(key, -1) + 1
+                if g == len(groups[key]):
+                    groups[key].append([])
+                groups[key][g].append(by_node[i])
+                below[key] = g
+        highest.append(below)
+    return groups
 
 
 def build_order(groups: list[list[Candidate]]) -> list[int]:
