@@ -383,6 +383,7 @@ def _symbolic_fake_prop(gm: torch.fx.GraphModule, fakes: list[Any]) -> bool:
     """FakeTensorProp from the placeholders' own symbolic fake values, in their mode (Dynamo's):
     new nodes get symbolic sizes like the rest, never the example's (run with real example
     inputs they would be static, and Inductor's passes would read the example's sizes)."""
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -391,7 +392,10 @@ def _symbolic_fake_prop(gm: torch.fx.GraphModule, fakes: list[Any]) -> bool:
         return False
     saved = {n: dict(n.meta) for n in gm.graph.nodes}
     try:
-        FakeTensorProp(gm, modes.pop()).propagate_dont_convert_inputs(*fakes)
+        # The Python dispatcher, as Dynamo traces: composite ops (F.pad) then run their
+        # symbolic decompositions instead of reading concrete sizes (a guard on each).
+        with enable_python_dispatcher():
+            FakeTensorProp(gm, modes.pop()).propagate_dont_convert_inputs(*fakes)
     except Exception as exc:  # meta is an aid: keep what the graph had
         log.debug("optimus_eqsat: symbolic meta propagation failed (%r)", exc)
         for n in gm.graph.nodes:
