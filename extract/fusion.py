@@ -173,6 +173,10 @@ class FusionStrategy:
         """Kernels of generated code still pending (before an extern call, at the end)."""
         return []
 
+    def concat_kernels(self, fusion: Fusion) -> set[fx.Node]:
+        """The cats built as a ConcatKernel (a buffer whose input slots the wrapper names)."""
+        return set()
+
 
 class Fusion:
     """Groups fusible nodes of one graph into generated kernels, and schedules them."""

@@ -67,6 +67,9 @@ class CppStrategy(FusionStrategy):
     def isolated(self, fusion: Fusion) -> set[fx.Node]:
         return {n for n in fusion.groups.parent if fusion.kinds[n] is K.CAT}  # rule 5
 
+    def concat_kernels(self, fusion: Fusion) -> set[fx.Node]:
+        return self.isolated(fusion)  # rule 5: every cat
+
     def launches(self, fusion: Fusion, members: list[fx.Node]) -> bool:
         return not self._is_free_cat(fusion, members)
 

@@ -223,6 +223,9 @@ class TritonStrategy(FusionStrategy):
     def isolated(self, fusion: Fusion) -> set[fx.Node]:
         return set(self.concat_cats)  # rule 9: a ConcatKernel never fuses
 
+    def concat_kernels(self, fusion: Fusion) -> set[fx.Node]:
+        return set(self.concat_cats)
+
     def keeps_apart(self, fusion: Fusion, producer: fx.Node, node: fx.Node) -> bool:
         return node in self.unrolled and fusion.kinds[producer] in FUSIBLE_KINDS  # rule 8: stats between
 

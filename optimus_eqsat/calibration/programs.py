@@ -44,6 +44,10 @@ __all__ = [
     "CalibrationError",
     "HOST_FAMILIES",
     "host_program",
+    "inputs_program",
+    "views_program",
+    "rows_program",
+    "norms_program",
     "bandwidth_program",
     "pointwise_flops_program",
     "matmul_program",
@@ -149,6 +153,51 @@ def host_program(family: str, k: int, device: str, dtype: torch.dtype, tag: str 
     return Program(name, family, k, _function(name, ["x", "w"], body), (x, w), expected)
 
 
+def inputs_program(k: int, device: str, dtype: torch.dtype, trained: bool = False) -> Program:
+    """A module of ``k`` layers, each holding one parameter, computing ``x * w1 + ... + x * wk``:
+    one generated kernel reading ``k + 1`` inputs, the parameters reached through the module
+    tree as in real models (Dynamo guards each along its attribute path). ``trained``: the
+    parameters require grad (a training step's per-parameter costs)."""
+    name = f"{'trained' if trained else 'inputs'}_{k}"
+    layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(k))
+    for layer in layers:
+        layer.w = torch.nn.Parameter(torch.randn(8, 8, device=device, dtype=dtype), requires_grad=trained)
+    forward = _function(name, ["self", "x"], ["return " + " + ".join(f"x * self.layers[{i}].w" for i in range(k))])
+    module = type(name, (torch.nn.Module,), {"forward": forward})()  # own class: its own code object and cache
+    module.layers = layers
+    x = torch.randn(8, 8, device=device, dtype=dtype)
+    return Program(name, "trained" if trained else "inputs", k, module, (x,), {"generated": 1, "extern": 0,
+                                                                                "custom": 0})
+
+
+def views_program(k: int, device: str, dtype: torch.dtype) -> Program:
+    """``relu(x)`` returned as ``k`` row views: one kernel, ``k`` ``reinterpret_tensor`` calls
+    of the wrapper (what a view of a buffer costs when an extern call or the caller reads it)."""
+    x = torch.randn(k, 8, device=device, dtype=dtype)
+    name = f"views_{k}"
+    fn = _function(name, ["x"], ["y = x.relu()", f"return ({', '.join(f'y[{i}]' for i in range(k))},)"])
+    return Program(name, "views", k, fn, (x,), {"generated": 1, "extern": 0, "custom": 0})
+
+
+def rows_program(rows: int, device: str, dtype: torch.dtype) -> Program:
+    """One layer norm over ``rows`` rows of 8: what a row of a small normalization costs in
+    generated code (a reduction loop per row, far from any roofline at these widths)."""
+    x = torch.randn(rows, 8, device=device, dtype=dtype)
+    name = f"rows_{rows}"
+    fn = _function(name, ["x"], ["return torch.nn.functional.layer_norm(x, (8,))"])
+    return Program(name, "rows", rows, fn, (x,), {"generated": 1, "extern": 0, "custom": 0})
+
+
+def norms_program(k: int, device: str, dtype: torch.dtype) -> Program:
+    """``k`` layer norms of independent 32x8 inputs: one generated kernel of ``k`` loop nests
+    (what a small normalization costs beyond its rows: its loop's setup)."""
+    xs = tuple(torch.randn(32, 8, device=device, dtype=dtype) for _ in range(k))
+    names = [f"x{i}" for i in range(k)]
+    name = f"norms_{k}"
+    fn = _function(name, names, [f"return ({', '.join(f'torch.nn.functional.layer_norm({x}, (8,))' for x in names)},)"])
+    return Program(name, "norms", k, fn, xs, {"generated": 1, "extern": 0, "custom": 0})
+
+
 def bandwidth_program(numel: int, device: str, dtype: torch.dtype) -> Program:
     """One in-place pointwise kernel over ``numel`` elements (read + write, no allocation:
     a fresh large output would time the OS's page faults, not the memory)."""
@@ -186,7 +235,8 @@ def count_program_code(code: str) -> Counts:
 
 def compile_program(program: Program, mode: str | None = None) -> Program:
     """Compile ``program`` with ``torch.compile`` (Inductor), run it once, count and
-    check its kernels; raises :class:`CalibrationError` on a mismatch."""
+    check its kernels (the forward's, in a training program); raises
+    :class:`CalibrationError` on a mismatch."""
     from torch._inductor.graph import GraphLowering
 
     codes: list[str] = []
@@ -194,8 +244,11 @@ def compile_program(program: Program, mode: str | None = None) -> Program:
     # run_and_get_code would reset Dynamo and make every earlier program recompile.
     with mock.patch.object(GraphLowering, "save_output_code", codes.append):
         compiled(*program.inputs)
-    if len(codes) != 1:
-        raise CalibrationError(f"{program.name}: expected one compiled graph, Inductor produced {len(codes)}")
+    # A training program compiles its forward, and its backward now or at its first backward.
+    graphs = (1, 2) if program.family == "trained" else (1,)
+    if len(codes) not in graphs:
+        raise CalibrationError(f"{program.name}: expected {' or '.join(map(str, graphs))} compiled graph(s), "
+                               f"Inductor produced {len(codes)}")
     program.compiled, program.code = compiled, codes[0]
     program.counts = count_program_code(codes[0])
     wrong = {key: (getattr(program.counts, key), want) for key, want in program.expected.items()

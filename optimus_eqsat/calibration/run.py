@@ -34,6 +34,10 @@ from .programs import (
     bandwidth_program,
     compile_program,
     host_program,
+    inputs_program,
+    views_program,
+    rows_program,
+    norms_program,
     matmul_program,
     pointwise_flops_program,
 )
@@ -151,6 +155,53 @@ def _matmul_table(plan: Plan, device: str, dtype: torch.dtype, clock: str,
     return tuple(entries)
 
 
+def _slope(ks: Sequence[int], times: np.ndarray) -> tuple[float, float]:
+    """(median slope of time over k, IQR of the per-round slopes): times is rounds x len(ks)."""
+    slopes = np.polyfit(np.asarray(ks, dtype=float), times.T, 1)[0]
+    return float(np.median(slopes)), float(iqr(slopes))
+
+
+def _measure_inputs(plan: Plan, device: str, dtype: torch.dtype, clock: str, say: Callable[[str], None],
+                    alloc_s: float = 0.0) -> dict[str, tuple[float, float]]:
+    """``input_s`` and ``trained_input_s`` (see the profile), each the slope over k of a
+    program family with k inputs: one generated kernel whatever k; in training, forward,
+    ``backward()`` into k parameters and ``zero_grad`` as a training loop does."""
+    ks = plan.ks
+    plain = [compile_program(inputs_program(k, device, dtype)) for k in ks]
+    views = [compile_program(views_program(k, device, dtype)) for k in ks]
+    rows = [compile_program(rows_program(64 * k, device, dtype)) for k in ks]
+    norms = [compile_program(norms_program(k, device, dtype)) for k in ks]
+    with torch.enable_grad():
+        trained = [compile_program(inputs_program(k, device, dtype, trained=True)) for k in ks]
+
+    def step(program: Program) -> Callable[[], None]:
+        params = list(program.fn.parameters())
+
+        def run() -> None:
+            with torch.enable_grad():
+                program().sum().backward()
+            for p in params:
+                p.grad = None
+
+        return run
+
+    say(f"  compiled {3 * len(ks)} per-input and per-view programs; timing")
+    matrix = _timed_matrix(plain, clock, plan.host_rounds, plan.target_s)
+    view_s = _slope(ks, _timed_matrix(views, clock, plan.host_rounds, plan.target_s))
+    row_s = _slope([64 * k for k in ks], _timed_matrix(rows, clock, plan.host_rounds, plan.target_s))
+    per_norm = _slope(ks, _timed_matrix(norms, clock, plan.host_rounds, plan.target_s))
+    programs = {p.name: step(p) for p in trained}
+    times = time_rounds(programs, clock=clock, rounds=plan.host_rounds, warmup=3, target_s=plan.target_s)
+    trained_matrix = np.stack([times[p.name] for p in trained], axis=1)
+    input_s = _slope(ks, matrix)
+    per_trained = _slope(ks, trained_matrix)
+    # a trained input also pays input_s in the forward call
+    return {"input_s": input_s, "trained_input_s": (max(per_trained[0] - input_s[0], 0.0), per_trained[1]),
+            "view_s": view_s, "reduction_row_s": row_s,
+            # a norm of the family also pays an input, a buffer and its 32 rows
+            "reduction_s": (max(per_norm[0] - input_s[0] - alloc_s - 32 * row_s[0], 0.0), per_norm[1])}
+
+
 def _program_rows(programs: Sequence[Program], matrix: np.ndarray) -> list[dict]:
     medians = np.median(matrix, axis=0)
     return [{"name": p.name, "family": p.family, "k": p.k, **vars(p.counts), "median_s": float(t)}
@@ -252,6 +303,9 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
     flops_rate, spread["pointwise_flops_per_s"] = _throughput(flops, matrix[:, 1], _host_time(fit, flops.counts))
 
     matmul = _matmul_table(plan, device, dtype, clock, say)
+    per_input = _measure_inputs(plan, device, dtype, clock, say, costs["alloc_s"])
+    for name, (value, iqr_value) in per_input.items():
+        costs[name], spread[name] = value, iqr_value
     fit_record["duration_s"] = round(time.perf_counter() - started, 1)
     fit_record["quick"] = quick
     fit_record["clock"] = clock
@@ -271,6 +325,15 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
                                  f"over {plan.flops_numel} elements, net of host cost, {clock} clock",
         "matmul": f"measured: extern mm/bmm through Inductor, median of {plan.matmul_rounds} rounds "
                   f"minus the 8x8x8 program's, {clock} clock",
+        "input_s": f"measured: slope over k = {', '.join(map(str, plan.ks))} of one-kernel programs reading "
+                   f"k inputs, {rounds}",
+        "trained_input_s": "measured: slope over k of a training step (forward, backward into k parameters, "
+                           "zero_grad) of the same programs, less input_s",
+        "view_s": "measured: slope over k of a one-kernel program returning k views of its buffer "
+                  "(reinterpret_tensor in the wrapper)",
+        "reduction_row_s": "measured: slope over rows of one layer norm over rows of 8",
+        "reduction_s": "measured: slope over k of k layer norms of 32x8 in one kernel, less an input, a "
+                       "buffer and 32 rows",
     }
     if device == "cuda":
         source["cudagraph_call_s"] = "measured: intercept under mode='reduce-overhead' (CUDA graph trees)"
@@ -285,5 +348,7 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
         extern_call_s=costs["extern_call_s"], alloc_s=costs["alloc_s"], custom_op_s=costs.get("custom_op_s"),
         mem_bandwidth_bytes_per_s=bandwidth_rate, pointwise_flops_per_s=flops_rate, matmul=matmul,
         cudagraph_call_s=costs.get("cudagraph_call_s"), cudagraph_kernel_s=costs.get("cudagraph_kernel_s"),
+        input_s=costs.get("input_s"), trained_input_s=costs.get("trained_input_s"), view_s=costs.get("view_s"),
+        reduction_row_s=costs.get("reduction_row_s"), reduction_s=costs.get("reduction_s"),
         source=source, spread=spread, fit=fit_record,
     )
