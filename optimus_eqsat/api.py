@@ -235,7 +235,10 @@ class OptimizationRun:
         with phase(report, "export"):
             self.egraph = export(self.session.egraph)
         report.eclasses = len(self.egraph.classes)
-        self.cost = EGraphCost(self.egraph.shapes, lambda key: t.registry.specs[key].kind, self.objective.profile,
+        shapes = self.egraph.shapes
+        if t.symbols:  # symbolic sizes are priced at their example value
+            shapes = {c: t.symbols.hinted(s) for c, s in shapes.items()}
+        self.cost = EGraphCost(shapes, lambda key: t.registry.specs[key].kind, self.objective.profile,
                                self.egraph.input_classes(), self.egraph.list_lengths(), self.objective.training)
 
     @property

@@ -79,6 +79,14 @@ def _varargs_sizes(node: torch.fx.Node) -> tuple:
     return tuple(rest)
 
 
+def _concrete(size: int, what: str) -> int:
+    """A size a handler computes with: symbolic sizes (codes < 0, see fxvocab.symbolic) raise
+    Unsupported, so the node stays opaque instead of holding only at the example size."""
+    if size < 0:
+        raise Unsupported(f"{what} along a symbolic dim")
+    return size
+
+
 def _dim(d: Any, rank: int) -> int:
     if not isinstance(d, int) or isinstance(d, bool):
         raise Unsupported(f"dim {d!r} is not an int")
@@ -101,7 +109,7 @@ def _split_pieces(ctx: Context, x: Any, sizes: list[int], dim: int) -> list[Term
 def h_split(ctx: Context, a: dict[str, Any]) -> list[Term]:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
-    total, size = shape[dim], a["size"]
+    total, size = _concrete(shape[dim], "split"), a["size"]
     if isinstance(size, int):
         if size <= 0:
             raise Unsupported("split size must be positive")
@@ -116,7 +124,7 @@ def h_split(ctx: Context, a: dict[str, Any]) -> list[Term]:
 def h_chunk(ctx: Context, a: dict[str, Any]) -> list[Term]:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
-    chunks, total = a["chunks"], shape[dim]
+    chunks, total = a["chunks"], _concrete(shape[dim], "chunk")
     if not isinstance(chunks, int) or chunks <= 0:
         raise Unsupported("chunks")
     step = -(-total // chunks) if total else 0
@@ -129,7 +137,7 @@ def h_unbind(ctx: Context, a: dict[str, Any]) -> list[Term]:
     dim = _dim(a["dim"], len(shape))
     squeezed = shape[:dim] + shape[dim + 1 :]
     ref = ctx.ref(a["input"])
-    return [Reshape(Slice(ref, dim, i, i + 1), squeezed) for i in range(shape[dim])]
+    return [Reshape(Slice(ref, dim, i, i + 1), squeezed) for i in range(_concrete(shape[dim], "unbind"))]
 
 
 def h_narrow(ctx: Context, a: dict[str, Any]) -> Term:
@@ -138,7 +146,8 @@ def h_narrow(ctx: Context, a: dict[str, Any]) -> Term:
     start, length = a["start"], a["length"]
     if not isinstance(start, int) or not isinstance(length, int):
         raise Unsupported("narrow with tensor start")
-    start = start % shape[dim] if start < 0 else start
+    size = _concrete(shape[dim], "narrow")
+    start = start % size if start < 0 else start
     return Slice(ctx.ref(a["input"]), dim, start, start + length)
 
 
@@ -157,7 +166,10 @@ def h_aten_slice(ctx: Context, a: dict[str, Any]) -> Term:
     dim = _dim(a["dim"], len(shape))
     if a["step"] != 1:
         raise Unsupported("slice step")
-    start, stop = _clamp_range(a["start"], a["end"], shape[dim])
+    if shape[dim] < 0 and a["start"] in (None, 0) and (a["end"] is None or (isinstance(a["end"], int)
+                                                                             and a["end"] >= 2**62)):
+        return ctx.ref(a["input"])  # the whole of a symbolic dim (aten's x[:, ...])
+    start, stop = _clamp_range(a["start"], a["end"], _concrete(shape[dim], "slice"))
     return Slice(ctx.ref(a["input"]), dim, start, stop)
 
 
@@ -165,9 +177,10 @@ def h_select(ctx: Context, a: dict[str, Any]) -> Term:
     shape = ctx.shape(a["input"])
     dim = _dim(a["dim"], len(shape))
     index = a["index"]
-    if not isinstance(index, int) or not -shape[dim] <= index < shape[dim]:
+    size = _concrete(shape[dim], "select")
+    if not isinstance(index, int) or not -size <= index < size:
         raise Unsupported("select index")
-    index %= shape[dim]
+    index %= size
     return Reshape(Slice(ctx.ref(a["input"]), dim, index, index + 1), shape[:dim] + shape[dim + 1 :])
 
 
@@ -201,6 +214,11 @@ def _tensor_index(ctx: Context, x: Any, index: Any) -> Term:
             out_shape.append(1)
             continue
         size = shape[dim]
+        if isinstance(item, slice) and item.start in (None, 0) and item.stop is None and item.step in (None, 1):
+            out_shape.append(size)  # the whole dim (kept symbolic when it is)
+            dim += 1
+            continue
+        size = _concrete(size, "indexing")
         if isinstance(item, int):
             if not -size <= item < size:
                 raise Unsupported("index out of range")

@@ -32,6 +32,8 @@ from .fxvocab import (
     node_tensor_infos,
     target_name,
 )
+from .fxvocab.symbolic import all_concrete
+from .rebuild_sizes import SizeWriter
 from .term import CTORS, OP_CTORS
 from .translate import Translation
 
@@ -74,6 +76,8 @@ class Rebuilder:
         # copy lowered): quadratic, 5 s for the 2,000 adds of one 2,000-feature build.
         self.taken_names = {n.name for n in t.gm.graph.nodes}
         self.next_suffix: dict[str, int] = {}
+        # symbolic sizes (a dynamic batch) are written as run-time values, never the example's
+        self.sizes = SizeWriter(t.symbols, lambda n: self.of_original[self.t.index[n]], self._new_node)
 
     # ---------------------------------------------------------------- driver
     def build(self) -> torch.fx.GraphModule:
@@ -234,7 +238,7 @@ class Rebuilder:
                 new._rename(original.name)
             new.meta = copy.copy(original.meta)
         if key in self.eg.shapes and not any(k in new.meta for k in ("val", "example_value", "tensor_meta")):
-            new.meta[SHAPE_META] = TensorInfo(self.eg.shapes[key], self._itemsize(new))
+            new.meta[SHAPE_META] = TensorInfo(self.t.symbols.hinted(self.eg.shapes[key]), self._itemsize(new))
         self.of_class[key] = new
 
     def _itemsize(self, new: torch.fx.Node) -> int:
@@ -253,6 +257,10 @@ class Rebuilder:
             k += 1
         self.next_suffix[base] = k + 1
         return f"{base}_{k}"
+
+    def _new_node(self, op: str, target: Any, args: tuple) -> torch.fx.Node:
+        """A new node, freshly named."""
+        return self.graph.create_node(op, target, args, name=self._fresh_name(target))
 
     def _call(self, target: Any, args: tuple) -> torch.fx.Node:
         """A new call_function node, freshly named."""
@@ -273,6 +281,8 @@ class Rebuilder:
         info = CTORS.get(ctor)
         if info is not None and info.fx is not None:  # a view: the FX call term.py declares for it
             op, target, call_args = info.fx(info.cls(*args), val(args[0]))
+            if ctor in ("Reshape", "Expand") and not all_concrete(args[1]):
+                call_args = (call_args[0], self._symbolic_sizes(ctor, args))
             new = g.create_node(op, target, call_args, name=self._fresh_name(target))
         elif ctor == "Cat":
             members, dim = self._list_members(args[0].index)
@@ -280,7 +290,7 @@ class Rebuilder:
             if stacked is not None:
                 sources, reshaped = stacked
                 new = self._call(torch.stack, ([self.of_class[x] for x in sources], dim))
-                return new if reshaped is None else self._call(torch.reshape, (new, list(reshaped)))
+                return new if reshaped is None else self._call(torch.reshape, (new, self.sizes.reshape_sizes(reshaped)))
             return self._call(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)
@@ -292,6 +302,12 @@ class Rebuilder:
         if new.args[0] in self.aliases_input:
             self.aliases_input.add(new)
         return new
+
+    def _symbolic_sizes(self, ctor: str, args: tuple) -> list:
+        """The size arguments of a reshape or expand to a shape with symbolic sizes."""
+        if ctor == "Reshape":
+            return self.sizes.reshape_sizes(args[1])
+        return self.sizes.expand_sizes(args[1], self.eg.shapes.get(args[0].index))
 
     def _emit_scalar(self, key: str, x: ClassRef, c: float) -> torch.fx.Node:
         value, g = _scalar(c), self.graph
@@ -326,7 +342,10 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
     mode is the fallback.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = list(example_inputs) if example_inputs is not None else [_placeholder_value(n) for n in placeholders]
+    own = [_placeholder_value(n) for n in placeholders]
+    if any(_is_symbolic(v) for v in own):
+        return _symbolic_fake_prop(gm, own)
+    values = list(example_inputs) if example_inputs is not None else own
     if len(values) != len(placeholders):
         return False
     for v in values:
@@ -351,6 +370,40 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
         # Dynamo graphs keep shapes in "example_value", which Inductor's own
         # pre-grad passes read: new nodes need it, copied nodes need it current.
         for n in gm.graph.nodes:
+            if "val" in n.meta:
+                n.meta["example_value"] = n.meta["val"]
+    return True
+
+
+def _is_symbolic(value: Any) -> bool:
+    return isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and not _static(value))
+
+
+def _symbolic_fake_prop(gm: torch.fx.GraphModule, fakes: list[Any]) -> bool:
+    """FakeTensorProp from the placeholders' own symbolic fake values, in their mode (Dynamo's):
+    new nodes get symbolic sizes like the rest, never the example's (run with real example
+    inputs they would be static, and Inductor's passes would read the example's sizes)."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    modes = {v.fake_mode for v in fakes if isinstance(v, FakeTensor)}
+    if len(modes) != 1 or any(v is None for v in fakes):
+        return False
+    saved = {n: dict(n.meta) for n in gm.graph.nodes}
+    try:
+        # The Python dispatcher, as Dynamo traces: composite ops (F.pad) then run their
+        # symbolic decompositions instead of reading concrete sizes (a guard on each).
+        with enable_python_dispatcher():
+            FakeTensorProp(gm, modes.pop()).propagate_dont_convert_inputs(*fakes)
+    except Exception as exc:  # meta is an aid: keep what the graph had
+        log.debug("optimus_eqsat: symbolic meta propagation failed (%r)", exc)
+        for n in gm.graph.nodes:
+            n.meta.clear()
+            n.meta.update(saved[n])
+        return False
+    if any("example_value" in n.meta for n in gm.graph.nodes if n.op == "placeholder"):
+        for n in gm.graph.nodes:  # Dynamo graphs: Inductor's pre-grad passes read example_value
             if "val" in n.meta:
                 n.meta["example_value"] = n.meta["val"]
     return True

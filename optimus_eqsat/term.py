@@ -377,8 +377,11 @@ def cons_list(items: Sequence[Term], dim: int, emit: Callable[[Fact], None], new
     ``ldim`` and ``lsize``: the shape rules derive those one cell per saturation
     round from the list's end, and a round costs 10-20 ms on a 150,000-node
     e-graph, so a 2,000-member list loaded after saturation took 17 s to settle;
-    seeded, no walk is longer than one chunk.
+    seeded, no walk is longer than one chunk. Sizes that are symbolic (codes < 0,
+    fxvocab/symbolic.py) seed nothing: their sums would mean nothing.
     """
+    if sizes is not None and any(s < 0 for s in sizes):
+        sizes = None
     tail: ListTerm = TNil(dim)
     chunks = [items[i : i + MAX_INLINE_LIST] for i in range(0, len(items), MAX_INLINE_LIST)] or [[]]
     suffix, suffix_size = len(items), 0

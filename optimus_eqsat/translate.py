@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from . import normalize
 from .fxvocab import ALIASING_OPS, RANDOM_OPS, canonical_name, node_values
 from .fxvocab import ExampleInputError, check_example_inputs, record_shapes  # noqa: F401  (re-exported)
+from .fxvocab.symbolic import SymbolicSizes
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
 from .opspec import OpRegistry, OpSpec, Slot
 from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Term, Unary, Union, cons_list
@@ -47,7 +48,9 @@ class Translation:
     nodes: list[torch.fx.Node]
     facts: list[Fact] = field(default_factory=list)
     status: dict[int, str] = field(default_factory=dict)  # "term" | "leaf" | "pieces" | "opaque" | "output"
+    # sizes >= 0, or codes of symbolic sizes (< 0: ``symbols`` says which expression and hint)
     shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    symbols: SymbolicSizes = field(default_factory=SymbolicSizes)
     dtypes: dict[int, torch.dtype] = field(default_factory=dict)
     param_leaves: dict[int, str] = field(default_factory=dict)  # synthetic leaf id -> parameter path
     ordered: set[int] = field(default_factory=set)
@@ -69,13 +72,6 @@ class Translation:
         """A fresh LId name for a long list's tail."""
         self.list_ids += 1
         return self.list_ids
-
-
-def _value_shape(value: Any) -> tuple[int, ...] | None:
-    shape = getattr(value, "shape", None)
-    if shape is None or not all(isinstance(s, int) for s in shape):
-        return None  # symbolic (dynamic) sizes: shape-dependent rules stay off
-    return tuple(int(s) for s in shape)
 
 
 # ---------------------------------------------------------------- mutation analysis
@@ -154,9 +150,13 @@ class Translator:
         if example_inputs is not None:
             check_example_inputs(gm, example_inputs)
         values = node_values(gm, example_inputs)
+        symbols = self.t.symbols
         for i, n in enumerate(self.nodes):
             value = values[n]
-            shape = _value_shape(value) if value is not None else None
+            if n.op == "placeholder":
+                symbols.note_source(n, value)
+            shape = getattr(value, "shape", None)
+            shape = symbols.encode_shape(shape) if shape is not None else None
             if shape is not None and not isinstance(value, (tuple, list)):
                 self.t.shapes[i] = shape
                 dtype = getattr(value, "dtype", None)

@@ -92,7 +92,7 @@ def slice_as_select_rules() -> str:
             unflat += [f"(vec-get sx {j})" for j in range(d + 1, r)]
             target = f"(Reshape (Slice (Reshape x {_vec(unflat)}) {d} (/ a k) (+ (/ a k) 1)) st)"
             common = (f"(= t (Slice x {d} a b)) (= sx (shape x)) (= (vec-length sx) {r}) (= k (- b a)) (> k 0)"
-                      f" (= n (vec-get sx {d})) (= 0 (% a k)) (= 0 (% n k)) (= st (shape t))")
+                      f" (= n (vec-get sx {d})) (>= n 0) (= 0 (% a k)) (= 0 (% n k)) (= st (shape t))")  # n >= 0: not symbolic
             # Under a reshape only wider pieces: a unit piece already is a select, and
             # re-selecting it would add a unit dim per iteration.
             contexts = {"cat": f"(= l (TCons t rest)) (!= {d} (ldim rest))", "reshape": "(= u (Reshape t s2))"}

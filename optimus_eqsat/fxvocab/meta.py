@@ -16,6 +16,8 @@ import torch
 import torch.fx
 from torch.fx.node import map_aggregate
 
+from .symbolic import concrete_inputs, size_hint
+
 # meta key under which optimus_eqsat's rebuild leaves a TensorInfo known from the
 # e-graph's shape analysis: cheap shapes for candidate programs, no fake tensors.
 SHAPE_META = "optimus_eqsat_shape"
@@ -44,9 +46,14 @@ class TensorInfo:
 
 
 def _dim(size: Any) -> int | None:
+    """A size as an int: a SymInt's hint, read without adding a guard (``int(symint)``
+    would specialize the graph to the example's size)."""
+    hint = size_hint(size)
+    if hint is not None:
+        return hint
     try:
         return int(size)
-    except Exception:  # unhinted SymInt
+    except Exception:
         return None
 
 
@@ -173,6 +180,7 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     Raises :class:`ExampleInputError` naming the node where the run failed: inputs that
     do not run through the graph are a caller's mistake, not a graph to optimize blind."""
     recorder = _Recorder(gm)
+    example_inputs = concrete_inputs(example_inputs)  # a SymInt input runs at its hint
     try:
         with torch.no_grad():
             recorder.run(*example_inputs)

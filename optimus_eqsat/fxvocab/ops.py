@@ -103,7 +103,7 @@ POINTWISE_OPS = frozenset({
     "new_zeros", "new_ones", "new_full",
     "slice_backward", "select_backward", "slice_scatter", "select_scatter",
     # batched embedding's index shift (rewrites/batching.py, shift_segments)
-    "shift_segments",
+    "shift_segments", "shift_rows",
 })
 
 # Normalizations: reductions whose output has the input's shape.

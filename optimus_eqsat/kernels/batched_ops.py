@@ -4,7 +4,8 @@ Batching (rewrites/batching/) builds terms whose op keys are these functions:
 Inductor traces through them like any torch code.
 
 * :func:`shift_segments`: the index shift of a batched embedding lookup into
-  tables laid end to end (one elementwise kernel for all tables).
+  tables laid end to end (one elementwise kernel for all tables); :func:`shift_rows`
+  the same for stacked indices (a symbolic batch size).
 * The packing helpers of a grouped linear (``gl_item``, ``gl_list``,
   ``gl_cons``) and :func:`grouped_linear_packed`: the term language has only
   fixed-arity ops, so a grouped call's 3N operands travel in a chain of packing
@@ -28,6 +29,18 @@ def shift_segments(idx: torch.Tensor, starts: tuple[int, ...], rows: tuple[int, 
     out = idx
     for start, previous in zip(starts[1:], rows[:-1]):  # past each boundary, skip the table before it
         out = out + (pos >= start).to(idx.dtype) * previous
+    return out
+
+
+def shift_rows(idx: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """Indices into tables laid end to end, stacked along the first dim: row k gets
+    ``sum(rows[:k])`` added. The stacked form of :func:`shift_segments` for indices of a
+    symbolic size (the shift depends on the row only, never on the batch size); one
+    elementwise kernel under Inductor."""
+    row = torch.arange(idx.shape[0], device=idx.device).view(-1, *([1] * (idx.dim() - 1)))
+    out = idx
+    for k, previous in enumerate(rows[:-1]):  # rows after table k skip it
+        out = out + (row > k).to(idx.dtype) * previous
     return out
 
 

@@ -27,7 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...kernels.batched_ops import shift_segments
+from ...fxvocab.symbolic import all_concrete
+from ...kernels.batched_ops import shift_rows, shift_segments
 from ...opspec import GATHER, POINTWISE, OpSpec, Slot
 from ...term import Cat, Id, Op1, Op2, Reshape, Slice, Term, Union, cons_list
 from ...translate import Translation
@@ -101,6 +102,8 @@ class Embedding(BatchKind):
             return False  # shifted indices would overflow
         if sum(math.prod(t.shapes[w]) * t.dtypes[w].itemsize for w in tables) > MAX_FROZEN_TABLE_BYTES:
             return False
+        if not all(all_concrete(t.shapes[idx]) for idx in idxs):
+            return self._build_stacked(b, group, idxs, tables, rows)
         counts = [math.prod(t.shapes[idx]) for idx in idxs]
         starts = tuple(sum(counts[:k]) for k in range(len(counts)))
         width, total = t.shapes[tables[0]][1], sum(counts)
@@ -115,4 +118,26 @@ class Embedding(BatchKind):
         b.record(y, [c.node for c in group])
         for c, start, n in zip(group, starts, counts):
             b.facts.append(Union(Id(c.node), Reshape(Slice(y, 0, start, start + n), t.shapes[c.node])))
+        return True
+
+    @staticmethod
+    def _build_stacked(b: BatchBuilder, group: list[Candidate], idxs: list[int], tables: list[int],
+                       rows: tuple[int, ...]) -> bool:
+        """Indices of a symbolic size (a dynamic batch): segment offsets in the flat
+        concatenation would be symbolic, so indices of one shape are stacked instead,
+        each row shifted by its table's first row (``shift_rows``), and every member is
+        its row of the lookup. Indices of different shapes keep their own lookups."""
+        t = b.t
+        shape = t.shapes[idxs[0]]
+        if any(t.shapes[i] != shape for i in idxs):
+            return False
+        stacked, stacked_shape = b.stack(idxs, len(shape))
+        shift = t.registry.register(OpSpec("call_function", shift_rows, (Slot(0), rows), (), POINTWISE))
+        indices = b.new(Op1(shift, stacked), stacked_shape)
+        width = t.shapes[tables[0]][1]
+        weights: list[Term] = [Id(w) for w in tables]
+        table = b.new(Cat(cons_list(weights, 0, b.facts.append, t.new_list_id, rows)), (sum(rows), width))
+        lookup = t.registry.register(OpSpec("call_function", F.embedding, (Slot(0), Slot(1)), (), GATHER))
+        y = b.new(Op2(lookup, indices, table), stacked_shape + (width,))
+        b.unstack(y, [c.node for c in group])
         return True

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
@@ -33,7 +32,7 @@ def stacked_linear(b: BatchBuilder, group: list[Candidate], stacked_x: Id, stack
     """The group's linears as one bmm of ``stacked_x`` [n, m, k] by ``stacked_w`` [n, N, k]
     transposed, plus the stacked biases; each member is its slice of the result."""
     t, c0 = b.t, group[0]
-    n, m, n_out = len(group), math.prod(t.shapes[c0.operands[0]][:-1]), t.shapes[c0.operands[1]][0]
+    n, m, n_out = len(group), t.symbols.product(t.shapes[c0.operands[0]][:-1]), t.shapes[c0.operands[1]][0]
     mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
     y = b.new(Op2(mm, stacked_x, Permute(stacked_w, (0, 2, 1))), (n, m, n_out))
     if c0.key == "linear_b":
@@ -58,7 +57,7 @@ class Linear(BatchKind):
         t, c0 = b.t, group[0]
         x_shape, k = t.shapes[c0.operands[0]], t.shapes[c0.operands[1]][1]
         stacked, _ = b.stack([c.operands[0] for c in group], len(x_shape))
-        stacked_x = b.new(Reshape(stacked, (len(group), math.prod(x_shape[:-1]), k)))  # [n, m, k]
+        stacked_x = b.new(Reshape(stacked, (len(group), t.symbols.product(x_shape[:-1]), k)))  # [n, m, k]
         stacked_linear(b, group, stacked_x, b.stack([c.operands[1] for c in group], 2)[0])
         return True
 
@@ -124,7 +123,7 @@ class LinearPadK(BatchKind):
         kmax = max(ks.values())
         group = sorted(group, key=lambda c: (ks[c.node], c.node))
         lead = t.shapes[group[0].operands[0]][:-1]
-        m = math.prod(lead)
+        m = t.symbols.product(lead)  # a symbolic code when a leading dim is dynamic
         classes: dict[int, list[Candidate]] = defaultdict(list)
         for c in group:
             classes[ks[c.node]].append(c)

@@ -245,12 +245,12 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[F
         sizes: list[int | None] = []
         for r in runs:
             length, s = r.stop - r.start, r.shape
-            sizes.append(length * s[dim] if s is not None else None)
+            sizes.append(t.symbols.product((length, s[dim])) if s is not None else None)
             if r.build is None:
                 parts.append(items[r.start].term)
                 continue
             perm = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, len(s) + 1))
-            merged = s[:dim] + (length * s[dim],) + s[dim + 1 :]
+            merged = s[:dim] + (t.symbols.product((length, s[dim])),) + s[dim + 1 :]
             parts.append(Reshape(Permute(r.build(emit, t.new_list_id), perm), merged))
         known = None if None in sizes else sizes
         whole = parts[0] if len(parts) == 1 else Cat(cons_list(parts, dim, emit, t.new_list_id, known))

@@ -1,0 +1,174 @@
+"""Symbolic sizes: how a dynamic dim travels through the e-graph and back.
+
+Graphs traced with dynamic shapes (``torch.compile(dynamic=True)``,
+``mark_dynamic``, Dynamo's automatic dynamic shapes) hold SymInts in their fake
+values. The e-graph's ``Shape`` vectors hold i64s, so every distinct size
+expression (``s0``, ``16*s0``, ``s0 + s1``) gets a *code*: a negative number no
+concrete size can be (:data:`SYMBOL_BASE` minus its index).
+
+- Codes are equal exactly when the expressions are (Dynamo's, after its
+  replacements): shapes (s0, 16) and (s0, 16) compare equal, (s0, 16) and
+  (s1, 16) do not unless Dynamo knows s0 == s1. Equality is all rules and
+  batching keys need of most sizes.
+- A rule or handler that computes with a size (an offset, a product, a split
+  of a dim) is guarded to sizes >= 0: a code is copied, never computed with,
+  so nothing is built that holds only at the example size.
+- The cost model prices a code at its hint (the example's value,
+  :func:`size_hint`, which adds no guard); the rebuilder writes a code back as
+  FX (``-1`` where that is exact, else the expression over the graph's inputs:
+  :mod:`optimus_eqsat.rebuild_sizes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+SYMBOL_BASE = -(10**9)  # codes are SYMBOL_BASE - k: far from any size or size arithmetic
+UNHINTED_SIZE = 8192  # the price of a size with no hint (data dependent): Inductor's own fallback
+
+
+def is_symbolic(size: int) -> bool:
+    """Whether an encoded size is a symbolic code (concrete sizes are >= 0)."""
+    return size < 0
+
+
+def all_concrete(sizes: Iterable[int]) -> bool:
+    """Whether no encoded size in ``sizes`` is symbolic."""
+    return all(s >= 0 for s in sizes)
+
+
+def size_hint(size: Any) -> int | None:
+    """The example value of a size (an int, or a SymInt's hint) without adding a guard
+    (``int(symint)`` would specialize it); None for anything else."""
+    if isinstance(size, bool):
+        return None
+    if isinstance(size, int):
+        return size
+    if isinstance(size, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        return int(optimization_hint(size, fallback=UNHINTED_SIZE))
+    return None
+
+
+def concrete_inputs(example_inputs: Sequence[Any] | None) -> list[Any] | None:
+    """Example inputs with SymInts replaced by their hints (what a run needs)."""
+    if example_inputs is None:
+        return None
+    return [size_hint(v) if isinstance(v, torch.SymInt) else v for v in example_inputs]
+
+
+@dataclass
+class SymbolicSizes:
+    """The size expressions of one graph, each with its code, hint and (for free symbols) a source."""
+
+    exprs: list[sympy.Expr] = field(default_factory=list)  # code k -> expression (k = SYMBOL_BASE - code)
+    hints: list[int] = field(default_factory=list)
+    codes: dict[sympy.Expr, int] = field(default_factory=dict)
+    # free symbol -> (placeholder, dim) holding it; dim None: a SymInt placeholder
+    sources: dict[sympy.Symbol, tuple[torch.fx.Node, int | None]] = field(default_factory=dict)
+    shape_env: Any = None  # Dynamo's, read from the first SymInt: proves two expressions equal
+
+    def __bool__(self) -> bool:
+        return bool(self.exprs)
+
+    # ---------------------------------------------------------------- encoding
+    def code(self, expr: sympy.Expr, hint: int) -> int:
+        """The code of ``expr`` (registered with ``hint`` the first time).
+
+        An expression Dynamo can prove equal to a known one gets that one's code (Dynamo
+        writes some sizes unsimplified: ``(s0**2)//s0`` beside ``s0``); two codes for one
+        size would let a derived shape differ from the recorded one. The code keeps the
+        shorter expression, which is what the rebuilder writes."""
+        found = self.codes.get(expr)
+        if found is not None:
+            return found
+        for k, known in enumerate(self.exprs):
+            if self.hints[k] == hint and self._provably_equal(known, expr):
+                found = self.codes[expr] = SYMBOL_BASE - k
+                if sympy.count_ops(expr) < sympy.count_ops(known):
+                    self.exprs[k] = expr
+                return found
+        found = self.codes[expr] = SYMBOL_BASE - len(self.exprs)
+        self.exprs.append(expr)
+        self.hints.append(hint)
+        return found
+
+    def _provably_equal(self, a: sympy.Expr, b: sympy.Expr) -> bool:
+        """Whether Dynamo's shape environment proves ``a == b`` for every value (no guard added)."""
+        if self.shape_env is None:
+            return False
+        try:
+            return bool(self.shape_env._maybe_evaluate_static(sympy.Eq(a, b)))
+        except Exception:  # a private helper of ShapeEnv: never a reason to fail
+            return False
+
+    def encode(self, size: Any) -> int | None:
+        """An int as it is, a SymInt as its value (when constant) or code; None otherwise."""
+        if isinstance(size, bool):
+            return None
+        if isinstance(size, int):
+            return size
+        if not isinstance(size, torch.SymInt):
+            return None
+        constant = size.node.maybe_as_int()
+        if constant is not None:
+            return int(constant)
+        if self.shape_env is None:
+            self.shape_env = size.node.shape_env
+        expr = size.node.expr
+        if expr.is_number:
+            return int(expr)
+        return self.code(expr, size_hint(size))
+
+    def encode_shape(self, shape: Iterable[Any]) -> tuple[int, ...] | None:
+        """A tensor shape encoded (None when some size is neither int nor SymInt)."""
+        out = tuple(self.encode(s) for s in shape)
+        return None if any(s is None for s in out) else out  # type: ignore[return-value]
+
+    def note_source(self, node: torch.fx.Node, value: Any) -> None:
+        """Record where the free symbols of a placeholder's value can be read at run time:
+        a SymInt placeholder is the symbol itself; a tensor's dim of exactly one symbol is
+        ``x.size(dim)`` (a SymInt placeholder is preferred: no node to add)."""
+        if isinstance(value, torch.SymInt):
+            expr = value.node.expr
+            if isinstance(expr, sympy.Symbol):
+                self.sources[expr] = (node, None)
+            return
+        for d, s in enumerate(getattr(value, "shape", ()) if isinstance(value, torch.Tensor) else ()):
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                self.sources.setdefault(s.node.expr, (node, d))
+
+    # ---------------------------------------------------------------- reading codes
+    def expr(self, size: int) -> sympy.Expr:
+        """The expression of an encoded size (a concrete size is an Integer)."""
+        return self.exprs[SYMBOL_BASE - size] if is_symbolic(size) else sympy.Integer(size)
+
+    def hint(self, size: int) -> int:
+        """The example value of an encoded size (the size itself when concrete)."""
+        return self.hints[SYMBOL_BASE - size] if is_symbolic(size) else size
+
+    def hinted(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """A shape with every code replaced by its hint (what the cost model prices)."""
+        return tuple(self.hint(s) for s in shape)
+
+    def product(self, sizes: Sequence[int]) -> int:
+        """The product of encoded sizes: an int when all are concrete, else the product's code."""
+        if all_concrete(sizes):
+            return math.prod(sizes)
+        expr = sympy.Integer(1)
+        for s in sizes:
+            expr = expr * self.expr(s)
+        if expr.is_number:
+            return int(expr)
+        return self.code(expr, math.prod(self.hint(s) for s in sizes))
+
+    def name(self, size: int) -> str:
+        """How a size reads in labels: ``16`` or ``16*s0``."""
+        return str(self.expr(size))
