@@ -97,7 +97,7 @@ POINTWISE_OPS = frozenset({
     "repeat", "tile", "flip", "roll", "pad", "constant_pad_nd", "tril", "triu",
     "threshold_backward", "sigmoid_backward", "tanh_backward", "gelu_backward",
     "silu_backward", "native_dropout_backward", "hardswish_backward",
-    "leaky_relu_backward", "_native_batch_norm_legit_no_training",
+    "leaky_relu_backward", "_native_batch_norm_legit_no_training", "fma",
     # backward-graph fills and scatters into views: Inductor decomposes them
     # (slice_backward = new_zeros + slice_scatter) into masked pointwise code
     "new_zeros", "new_ones", "new_full",
@@ -143,6 +143,7 @@ OPAQUE_OPS = frozenset({
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "index_put", "scatter", "scatter_add", "scatter_reduce", "index_add",
     "nonzero", "unique", "multinomial",
+    "embedding_dense_backward", "_unsafe_masked_index_put_accumulate",
 })
 
 # Scalar / shape bookkeeping: no tensor work at all.
