@@ -71,8 +71,11 @@ def test_pass_on_captured_aten_graphs_matches_eager():
               for t in example]
     wrt = [t for t in leaves if t.requires_grad]
     optimizer = PostGradPass(profile="cpu", raise_on_error=True)
-    compiled = aot_eager_with_pass(gm, leaves, optimizer)
+    seen: list[torch.fx.GraphModule] = []
+    compiled = aot_eager_with_pass(gm, leaves, optimizer, seen)
     _assert_step_matches(gm, compiled, leaves, wrt)
+    for graph_module in seen:  # only ops Inductor lowers, or that it falls back on undecomposed
+        _assert_inductor_lowers(graph_module.graph)
     roles = {role: report for role, report in optimizer.reports}
     assert set(roles) == {"forward", "backward"}
     for role, report in roles.items():
@@ -81,6 +84,19 @@ def test_pass_on_captured_aten_graphs_matches_eager():
     backward = roles["backward"].batched
     assert backward.get("batch-matmul", 0) + backward.get("batch-linear", 0) > 0, backward
     assert backward.get("batch-reduction", 0) > 0, backward
+
+
+def _assert_inductor_lowers(graph: torch.fx.Graph) -> None:
+    import operator
+
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.lowering import lowerings
+
+    decompositions = select_decomp_table()
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem:
+            assert isinstance(node.target, torch._ops.OpOverload), node.format_node()
+            assert node.target in lowerings or node.target not in decompositions, node.format_node()
 
 
 def test_graph_role_tells_backward_by_its_tangents():

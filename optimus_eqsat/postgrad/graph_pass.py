@@ -69,8 +69,9 @@ def optimize_aten_graph(graph: torch.fx.Graph, **options: Any) -> OptimizeReport
     """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
 
     Returns the report, or None when the graph was skipped (symbolic shapes, or no fake
-    inputs to retrace with). The graph is rewritten only when the optimizer changed the
-    program; on a failure it is left as it was and the exception propagates."""
+    inputs to lower with). The graph is rewritten only when the optimizer's program is
+    predicted to launch fewer kernels; on a failure it is left as it was and the
+    exception propagates."""
     inputs = fake_inputs(graph)
     if inputs is None:
         return None
@@ -79,6 +80,14 @@ def optimize_aten_graph(graph: torch.fx.Graph, **options: Any) -> OptimizeReport
     optimized = optimize_graph(work, None, **options)
     report: OptimizeReport = optimized.meta["optimus_eqsat"]
     if report.fell_back or not report.changed:
+        return report
+    if report.launches_after >= report.launches_before:
+        # Inductor's scheduler fuses an aten graph on its own: a program predicted to launch as
+        # many kernels only reshuffles it (seen: batched bias sums of a pre-grad-batched
+        # backward cost mmoe two more CPU kernels than the graph as it was).
+        report.fell_back = True
+        report.fallback_reason = (f"post-grad: no fewer launches predicted ({report.launches_before} -> "
+                                  f"{report.launches_after}); kept the graph")
         return report
     lowered = lower_to_aten(optimized, inputs)
     splice(graph, lowered)
