@@ -35,12 +35,13 @@ def _alternatives(text: str | None) -> list[str | None]:
     return [t.strip() for t in text.split(";")] if text else [None]
 
 
-def eqsat_variants(rulesets: str | None, extractor: str | None, profile: str | None) -> list[EqsatOptions]:
+def eqsat_variants(rulesets: str | None, extractor: str | None, profile: str | None,
+                   measure: str | None = None) -> list[EqsatOptions]:
     """The cross product of the ablation alternatives."""
     return [
-        EqsatOptions(tuple(_csv(r)) if r else None, e, p)
-        for r, e, p in itertools.product(
-            _alternatives(rulesets), _alternatives(extractor), _alternatives(profile)
+        EqsatOptions(tuple(_csv(r)) if r else None, e, p, None if m is None else m == "on")
+        for r, e, p, m in itertools.product(
+            _alternatives(rulesets), _alternatives(extractor), _alternatives(profile), _alternatives(measure)
         )
     ]
 
@@ -89,9 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="start no round after this many seconds of timing in a case")
     timing.add_argument("--round-warmup", type=int, default=1, help="untimed steps at the start of each turn")
     timing.add_argument("--order", default="rotate", choices=ORDERS, help="turn order across rounds")
+    timing.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="wall clock, or this process's CPU time (one thread on a shared CPU only)")
     p.add_argument("--rulesets", help="optimus_eqsat rule sets, e.g. 'splitcat;splitcat,algebraic,batching'")
     p.add_argument("--extractor", help="optimus_eqsat extractor(s), e.g. 'greedy;ilp;auto'")
     p.add_argument("--profile", help="optimus_eqsat cost profile(s), e.g. 'h100'")
+    p.add_argument("--measure", help="optimus_eqsat's measured choice: 'on', 'off' or 'on;off' (default: the "
+                                     "backend's, on); off times the optimized program even where it is slower")
     p.add_argument("--keep-caches", action="store_true",
                    help="allow Inductor cache hits (faster; compile times no longer cold)")
     p.add_argument("--no-progress", action="store_true")
@@ -108,7 +113,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         scales=[int(s) for s in _csv(args.scales)],
         batches=[int(b) for b in _csv(args.batches)],
         threads=thread_counts(args.threads or ("all" if cuda else "1,all")),
-        eqsat_variants=eqsat_variants(args.rulesets, args.extractor, args.profile),
+        eqsat_variants=eqsat_variants(args.rulesets, args.extractor, args.profile, args.measure),
         device=args.device,
         rows=args.rows,
         seed=args.seed,
@@ -118,6 +123,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        max_seconds=args.max_timing_s, order=args.order, seed=args.seed),
         disable_caches=not args.keep_caches,
         progress=not args.no_progress,
+        clock=args.clock,
     )
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 CASE = ["model", "scale", "rows", "batch", "mode", "threads", "device"]
 # Columns in report order; anything else a row carries goes after these.
 COLUMNS = [
-    *CASE, "method", "rulesets", "extractor", "profile",
+    *CASE, "method", "rulesets", "extractor", "profile", "measure",
     # step time: median over rounds of each round's median, 10th/90th percentiles over rounds
     "run_ms", "run_ms_p10", "run_ms_p90", "run_ms_min", "rounds", "steps_per_round",
     # paired ratio to Inductor's default (per round, then median and percentiles)
@@ -20,7 +20,8 @@ COLUMNS = [
     "peak_mem_mb", "peak_mem_ratio_vs_inductor", "mem_source",
     "compile_s", "compile_ratio_vs_inductor", "optimizer_s", "inductor_passes_s",
     "inductor_launches", "launch_ratio_vs_inductor", "inductor_generated", "inductor_extern",
-    "graphs", "fx_nodes", "pred_launches_dynamo", "pred_launches", "recompiles",
+    "graphs", "fx_nodes", "pred_launches_dynamo", "pred_launches", "pred_step_ms", "pred_step_ms_dynamo",
+    "recompiles",
     "cudagraph_skips", "cuda_graph_launches",
     "max_abs_diff_out", "max_abs_diff_grad", "emitted_kinds", "pred_kinds", "pred_profile",
     "eqsat_stop", "eqsat_extractor", "eqsat_enodes", "eqsat_rules_fired", "eqsat_launches_before",
@@ -31,6 +32,9 @@ COLUMNS = [
 def variant(df: pd.DataFrame) -> pd.Series:
     """The optimus_eqsat ablation label ("" for other methods and the default variant)."""
     labels = df["rulesets"] + "/" + df["extractor"] + "/" + df["profile"]
+    if "measure" in df:  # the measured choice, named only when set
+        measure = df["measure"].fillna("default")
+        labels = labels + ("/measure=" + measure).where(measure != "default", "")
     eqsat = df["method"].str.startswith("optimus_eqsat")
     return labels.where(eqsat, "").replace("default/default/default", "")
 

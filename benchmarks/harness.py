@@ -91,6 +91,7 @@ class BenchConfig:
     # Compile from scratch each time: cache hits would make compile times meaningless.
     disable_caches: bool = True
     progress: bool = True
+    clock: str = "wall"  # "cpu": process CPU time (one thread on a shared CPU; see measure.timed_step)
 
     def method_list(self) -> list[Method]:
         return make_methods(self.methods or default_methods(self.device), self.eqsat_variants, self.device)
@@ -161,7 +162,7 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
     from torch._inductor import config as inductor_config
 
     model = copy.deepcopy(ref.model)
-    record = instrument.CompileRecord(profile=_pred_profile(method, case))
+    record = instrument.CompileRecord(profile=_pred_profile(method, case), training=case.training)
     patch = dict(method.inductor_config)
     if config.disable_caches:
         patch["force_disable_caches"] = True
@@ -193,6 +194,8 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
         fx_nodes=record.fx_nodes,
         pred_launches_dynamo=record.pred_launches_dynamo,
         pred_launches=record.pred_launches,
+        pred_step_ms_dynamo=record.pred_step_s_dynamo * 1e3,
+        pred_step_ms=record.pred_step_s * 1e3,
         inductor_generated=generated,
         inductor_extern=extern,
         inductor_launches=generated + extern,
@@ -268,7 +271,7 @@ def run_case(case: Case, methods: list[Method], config: BenchConfig, say: Any = 
                 if rows[label]["error"]:
                     del live[label]
             say(f"{case}: timing {len(live)} methods")
-            steps = {label: measure.timed_step(c.step, case.device) for label, c in live.items()}
+            steps = {label: measure.timed_step(c.step, case.device, config.clock) for label, c in live.items()}
             result = _without_gc(run_rounds, steps, config.plan, baseline=BASELINE)
             for label, c in live.items():
                 row = rows[label]

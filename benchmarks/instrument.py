@@ -31,10 +31,13 @@ class CompileRecord:
     """
 
     profile: str = "cpu"
+    training: bool = False  # predictions price the backward too
     graphs: int = 0
     fx_nodes: int = 0
     pred_launches_dynamo: float = 0.0
     pred_launches: float = 0.0  # of the graph handed to Inductor, after the method's passes
+    pred_step_s_dynamo: float = 0.0  # predicted step time (fx_cost.predicted_step_time) of Dynamo's graph
+    pred_step_s: float = 0.0  # ... of the graph handed to Inductor
     pred_kinds: Counter = field(default_factory=Counter)
     optimizer_s: float = 0.0  # optimus_eqsat.optimize_graph
     inductor_passes_s: float = 0.0  # Inductor's pre/post-grad FX passes (Optimus passes run there)
@@ -51,6 +54,7 @@ class CompileRecord:
         self.fx_nodes += len(gm.graph.nodes)
         launches, kinds = predict(gm, example_inputs, self.profile)
         self.pred_launches_dynamo += launches
+        self.pred_step_s_dynamo += predict_step(gm, example_inputs, self.profile, self.training)
         self._dynamo_kinds.update(kinds)
         self.instrument_s += time.perf_counter() - start
 
@@ -60,6 +64,7 @@ class CompileRecord:
         self.optimized_graphs += 1
         launches, kinds = predict(gm, None, self.profile)
         self.pred_launches += launches
+        self.pred_step_s += predict_step(gm, None, self.profile, self.training)
         self.pred_kinds.update(kinds)
         report = gm.meta.get("optimus_eqsat") if hasattr(gm, "meta") else None
         if report is not None:
@@ -70,6 +75,7 @@ class CompileRecord:
         """Graphs no optimizer rewrote count as handed on unchanged."""
         if self.optimized_graphs == 0:
             self.pred_launches = self.pred_launches_dynamo
+            self.pred_step_s = self.pred_step_s_dynamo
             self.pred_kinds = Counter(self._dynamo_kinds)
 
     def reports(self) -> list:
@@ -149,6 +155,16 @@ def predict(gm: torch.fx.GraphModule, example_inputs: Any, profile: str) -> tupl
         return float(fx_cost.predicted_launches(gm, inputs, profile=profile)), Counter()
     except Exception:
         return NAN, Counter()
+
+
+def predict_step(gm: torch.fx.GraphModule, example_inputs: Any, profile: str, training: bool) -> float:
+    """Predicted step seconds from ``fx_cost.predicted_step_time`` (NaN if it fails)."""
+    fx_cost = _fx_cost()
+    try:
+        inputs = list(example_inputs) if example_inputs is not None else None
+        return float(fx_cost.predicted_step_time(gm, inputs, profile, training=training))
+    except Exception:
+        return NAN
 
 
 def _kind_name(kind: Any) -> str:

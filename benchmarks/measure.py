@@ -69,21 +69,29 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_step(step: Callable[[], object], device: str) -> Callable[[], float]:
-    """``step`` as a callable that runs it once and returns its wall-clock milliseconds.
+CLOCKS = ("wall", "cpu")
 
-    Wall clock, not CUDA events: users pay the host time too (launch overhead,
-    Python, the optimizer's extra ops), and on small batches that is most of a
-    step. On CUDA the device is synchronized before and after, so queued work of
-    the previous step is not billed to this one.
+
+def timed_step(step: Callable[[], object], device: str, clock: str = "wall") -> Callable[[], float]:
+    """``step`` as a callable that runs it once and returns its milliseconds.
+
+    Wall clock by default, not CUDA events: users pay the host time too (launch
+    overhead, Python, the optimizer's extra ops), and on small batches that is
+    most of a step. On CUDA the device is synchronized before and after, so
+    queued work of the previous step is not billed to this one. ``clock="cpu"``
+    takes this process's CPU time instead: with one thread on a CPU it is the
+    wall time the step would take alone, and time the process spends preempted
+    by other jobs on a shared machine is not counted (never for CUDA or several
+    threads, whose waits it would miss).
     """
+    now = time.process_time if clock == "cpu" else time.perf_counter
 
     def timed() -> float:
         sync(device)
-        start = time.perf_counter()
+        start = now()
         step()
         sync(device)
-        return (time.perf_counter() - start) * 1e3
+        return (now() - start) * 1e3
 
     return timed
 

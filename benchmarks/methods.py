@@ -115,6 +115,7 @@ class EqsatOptions:
     rulesets: tuple[str, ...] | None = None
     extractor: str | None = None
     profile: str | None = None
+    measure: bool | None = None  # the backend's measured choice (False: always the optimized program)
 
     def kwargs(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -125,6 +126,7 @@ class EqsatOptions:
             "rulesets": "+".join(self.rulesets) if self.rulesets else "default",
             "extractor": self.extractor or "default",
             "profile": self.profile or "default",
+            "measure": "default" if self.measure is None else ("on" if self.measure else "off"),
         }
 
 
@@ -152,7 +154,9 @@ class Method:
     @property
     def label(self) -> str:
         """Unique within a run: the name, plus the ablation variant when not the default."""
-        variant = "/".join((self.eqsat or EqsatOptions()).label().values())
+        knobs = (self.eqsat or EqsatOptions()).label()
+        measure = knobs.pop("measure")
+        variant = "/".join(knobs.values()) + ("" if measure == "default" else f"/measure={measure}")
         return self.name if variant == "default/default/default" else f"{self.name}[{variant}]"
 
     def prepare(self, model: torch.nn.Module, record: CompileRecord) -> Callable:

@@ -85,17 +85,17 @@ def write_markdown(df: pd.DataFrame, path: Path) -> None:
         "## Step time / Inductor default: median [p10, p90] over rounds (* not stable); "
         "inductor_ms: Inductor's own step time",
         "",
-        _markdown_table(summary_table(df)),
+        markdown_table(summary_table(df)),
         "",
         "## All rows",
         "",
-        _markdown_table(table),
+        markdown_table(table),
         "",
     ]
     path.write_text("\n".join(lines))
 
 
-def _markdown_table(df: pd.DataFrame) -> str:
+def markdown_table(df: pd.DataFrame) -> str:
     """A GitHub table without the optional ``tabulate`` dependency."""
     if df.empty:
         return "(no rows)"

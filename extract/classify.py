@@ -131,7 +131,7 @@ def has_bias(gm: fx.GraphModule, node: fx.Node, label: str) -> bool:
     return label in ("addmm", "baddbmm", "addbmm", "addmv")
 
 
-def _mm_form(gm: fx.GraphModule, node: fx.Node, infos: Infos) -> tuple[str, int, int, int] | None:
+def mm_form(gm: fx.GraphModule, node: fx.Node, infos: Infos) -> tuple[str, int, int, int] | None:
     """("mm" | "addmm" | "bmm", M, K, N) of a matmul node; None if unknown."""
     name = op_label(gm, node).lower()
     out = infos.get(node)
@@ -159,7 +159,7 @@ def _mm_form(gm: fx.GraphModule, node: fx.Node, infos: Infos) -> tuple[str, int,
 def _decomposed_kind(gm: fx.GraphModule, node: fx.Node, infos: Infos,
                      decomposed_mm: DecomposedMM) -> KernelKind | None:
     """POINTWISE / REDUCTION when Inductor turns this small matmul into generated code."""
-    form = _mm_form(gm, node, infos)
+    form = mm_form(gm, node, infos)
     if form is None:
         return None
     name, m, k, n = form

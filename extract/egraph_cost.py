@@ -26,7 +26,7 @@ import math
 from typing import Callable, Collection
 
 from ..term import CTORS, Role
-from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_time
+from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_costs, kernel_time
 from .fusion_triton import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
 
 VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
@@ -69,7 +69,8 @@ class EGraphCost:
 
     def __init__(self, shapes: dict[int, tuple[int, ...]], op_kind: Callable[[str], str],
                  profile: str | DeviceProfile = "h100", input_classes: Collection[int] = frozenset(),
-                 list_lengths: dict[int, int] | None = None):
+                 list_lengths: dict[int, int] | None = None, training: bool = False):
+        self.training = training
         self.shapes = shapes
         self.input_classes = input_classes
         self.list_lengths = list_lengths or {}
@@ -80,6 +81,23 @@ class EGraphCost:
         return DEFAULT_ITEMSIZE * sum(_numel(self.shapes.get(c)) for c in classes)
 
     def __call__(self, c: int, node) -> float:
+        forward = self._forward(c, node)
+        return forward * self._backward_factor(node) if self.training else forward
+
+    def _backward_factor(self, node) -> float:
+        """Forward plus backward, as a multiple of the forward (a training step prices both;
+        the exact backward model prices the rebuilt programs, pricing.Pricing.backward_costs):
+        a matmul's backward is two matmuls (grad input, grad weight); elementwise ops,
+        reductions and gathers have one backward kernel each; a cat's backward is views of
+        its gradient, and views have none."""
+        role = CTORS[node.ctor].role
+        if role is Role.ELEMENTWISE:
+            return 2.0
+        if role is Role.OP:
+            return 3.0 if self.op_kind(node.args[0]) == "matmul" else 2.0
+        return 1.0
+
+    def _forward(self, c: int, node) -> float:
         role = CTORS[node.ctor].role  # only constructors the rebuilder emits are priced
         if role is Role.LEAF:
             return 0.0
@@ -103,14 +121,18 @@ class EGraphCost:
         kind = _KIND_OF_OPKIND.get(opkind, KernelKind.OPAQUE)
         if kind is KernelKind.POINTWISE:  # pad, shift_segments, ...: fuse like Unary/Binary
             return self._fused_pointwise(c, moved)
-        flops = self._matmul_flops(c, node) if kind is KernelKind.MATMUL else _numel(self.shapes.get(c))
-        return kernel_time(p, kind, moved, flops)
+        if kind is KernelKind.MATMUL:
+            host, device = kernel_costs(p, kind, moved, self._matmul_flops(c, node), self._matmul_shape(c, node))
+            return host + device
+        return kernel_time(p, kind, moved, _numel(self.shapes.get(c)))
 
     def _fused_pointwise(self, c: int, moved: int) -> float:
-        """A pointwise op: its traffic, and a share of a launch (it fuses with a neighbour)."""
+        """A pointwise op: its traffic, and a share of a launch and its buffer (it usually
+        fuses with a neighbour: no kernel of its own, so no least device time either)."""
         p = self.profile
-        full = kernel_time(p, KernelKind.POINTWISE, moved, _numel(self.shapes.get(c)))
-        return full - (1 - FUSED_LAUNCH_SHARE) * p.launch_s(KernelKind.POINTWISE)
+        memory_s = moved / (p.mem_bandwidth_bytes_per_s * p.bandwidth_efficiency)
+        compute_s = _numel(self.shapes.get(c)) / p.pointwise_flops_per_s
+        return FUSED_LAUNCH_SHARE * (p.launch_s(KernelKind.POINTWISE) + p.alloc_s) + max(memory_s, compute_s)
 
     def _grouped(self, opkind: str, node) -> float:
         """Terms of a grouped linear (see the module doc)."""
@@ -128,6 +150,16 @@ class EGraphCost:
         if p.codegen == "cpp":
             return time  # the CPU fallback: one F.linear per member
         return time - p.launch_s(KernelKind.MATMUL) + p.grouped_host_s_per_member
+
+    def _matmul_shape(self, c: int, node) -> tuple[int, int, int, int] | None:
+        """(batch, M, K, N) from the output shape and the first operand's last dim."""
+        out = self.shapes.get(c)
+        first = self.shapes.get(node.children[0]) if node.children else None
+        if not out or not first or len(out) < 2:
+            return None
+        batch = math.prod(out[:-2]) if len(first) > 2 else 1
+        rows = out[-2] if len(first) > 2 else _numel(out) // out[-1] if out[-1] else 0
+        return batch, rows, first[-1], out[-1]
 
     def _matmul_flops(self, c: int, node) -> float:
         """2 * M * N * K from the output shape and the first operand's last dim."""

@@ -27,14 +27,14 @@ from typing import Any, Sequence
 
 import torch.fx as fx
 
-from optimus_eqsat.extract.cost_model import DeviceProfile, get_profile
+from optimus_eqsat.extract.cost_model import DeviceProfile, get_profile, step_seconds
 from optimus_eqsat.fxvocab import TensorInfo, node_tensor_infos
 
 from .classify import classify_node, graph_infos, node_kinds
 from .fusion import Fusion, FusionStrategy
 from .fusion_cpp import CppStrategy
 from .fusion_triton import MAX_POINTWISE_CAT_INPUTS, TritonStrategy
-from .pricing import KernelPlan, PredictedKernel, Pricing
+from .pricing import KernelPlan, PredictedKernel, Pricing, needs_grad
 
 __all__ = [
     "MAX_POINTWISE_CAT_INPUTS",
@@ -45,6 +45,7 @@ __all__ = [
     "plan_kernels",
     "predict_kernels",
     "predicted_launches",
+    "predicted_step_time",
     "predicted_time",
     "strategy_for",
 ]
@@ -104,5 +105,29 @@ def predicted_time(
     example_inputs: Sequence[Any] | None = None,
     profile: str | DeviceProfile = "h100",
 ) -> float:
-    """Predicted seconds for one run of ``gm`` (sum over predicted kernels)."""
-    return sum(k.seconds for k in predict_kernels(gm, example_inputs, profile))
+    """Predicted seconds of one inference call of ``gm`` (see :func:`predicted_step_time`)."""
+    return predicted_step_time(gm, example_inputs, profile, training=False)
+
+
+def predicted_step_time(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any] | None = None,
+    profile: str | DeviceProfile = "h100",
+    training: bool = False,
+) -> float:
+    """Predicted wall-clock seconds of one step of ``gm`` compiled by Inductor: its kernels'
+    host and device time and one call of the compiled graph (cost_model.step_seconds); in
+    training also the backward graph's kernels (pricing.Pricing.backward_costs) and call."""
+    prof = get_profile(profile)
+    plans, pricing = plan_kernels(gm, example_inputs, prof)
+    kernels = [kernel for plan in plans for kernel in pricing.price(plan)]
+    costs = [(k.host_s, k.device_s) for k in kernels]
+    inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    forward = step_seconds(prof, costs) + inputs * prof.input_s
+    if not training:
+        return forward
+    grad = needs_grad(gm, example_inputs)
+    trained = sum(1 for n in grad if n.op in ("placeholder", "get_attr")) + sum(
+        1 for n in grad if n.op == "call_module" for p in gm.get_submodule(n.target).parameters() if p.requires_grad)
+    backward = pricing.backward_costs(kernels, grad)
+    return forward + step_seconds(prof, backward) + trained * prof.trained_input_s

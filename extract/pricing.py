@@ -4,7 +4,7 @@ The fusion simulator (fusion.py and its code generator strategies) decides
 which kernels exist: a :class:`KernelPlan` per launch, with its FX nodes, kind,
 role and note. :class:`Pricing` turns each plan into :class:`PredictedKernel`
 records priced on the device profile's roofline
-(:func:`~optimus_eqsat.extract.cost_model.kernel_time`):
+(:func:`~optimus_eqsat.extract.cost_model.kernel_costs`):
 
 - a fused kernel reads its inputs from outside the group (as used: a slice
   counts its size) and the parameters of its modules, and writes the values
@@ -14,9 +14,12 @@ records priced on the device profile's roofline
 - a ConcatKernel's copy kernels share the cat's bytes evenly; a layer norm's
   statistics kernel (rule 8) reads the norm's input once.
 
-Host-side costs (per launch, per extern call, per allocation) are, today, only
-the profile's launch overhead inside ``kernel_time``; a step-time model would
-price them here.
+Each kernel costs host time (the wrapper's launch or extern call and the buffer
+it allocates) and device time (bytes over bandwidth, FLOPs over the throughput of
+its dtype; a matmul's from the measured table of its shape where the profile has
+one): :func:`~optimus_eqsat.extract.cost_model.kernel_costs`. A step adds them up
+(:func:`~optimus_eqsat.extract.cost_model.step_seconds`: serially on a CPU,
+overlapped on a GPU) with one call of the compiled graph.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from optimus_eqsat.extract.cost_model import DeviceProfile, KernelKind, kernel_time
+from optimus_eqsat.extract.cost_model import DeviceProfile, KernelKind, kernel_costs
 from optimus_eqsat.fxvocab import GROUPED_OPS, TensorInfo, op_label, target_name
 
-from .classify import Infos, arg_nodes
+from .classify import Infos, arg_nodes, mm_form
 
 __all__ = ["FLOPS_PER_ELEMENT", "KernelPlan", "PredictedKernel", "Pricing"]
 
@@ -75,8 +78,10 @@ class PredictedKernel:
     nodes: tuple[fx.Node, ...]
     bytes_moved: int
     flops: float
-    seconds: float
+    seconds: float  # host_s + device_s
     note: str = ""
+    host_s: float = 0.0
+    device_s: float = 0.0
 
 
 def _nbytes(infos: list[TensorInfo] | None) -> int:
@@ -103,8 +108,9 @@ class Pricing:
     def price(self, plan: KernelPlan) -> list[PredictedKernel]:
         """The kernels ``plan`` launches, priced (one, except a grouped linear's members)."""
         if plan.role == EXTERN:
-            return self.grouped_linear(plan.nodes[0]) or [self._priced(plan, self.extern_bytes(plan.nodes[0]),
-                                                                        self.node_flops(plan.nodes[0]))]
+            node = plan.nodes[0]
+            return self.grouped_linear(node) or [self._priced(plan, self.extern_bytes(node), self.node_flops(node),
+                                                              self.matmul_shape(node), self.itemsize(node))]
         if plan.role == CAT_COPY:
             return [self._priced(plan, self.group_bytes(plan.nodes) // plan.share, 0.0)]
         if plan.role == NORM_STATS:
@@ -112,9 +118,25 @@ class Pricing:
             return [self._priced(plan, _nbytes(self.infos.get(args[0])) if args else 0, 0.0)]
         return [self._priced(plan, self.group_bytes(plan.nodes), sum(self.node_flops(m) for m in plan.nodes))]
 
-    def _priced(self, plan: KernelPlan, nbytes: int, flops: float) -> PredictedKernel:
-        return PredictedKernel(plan.kind, plan.nodes, nbytes, flops,
-                               kernel_time(self.profile, plan.kind, nbytes, flops), plan.note)
+    def _priced(self, plan: KernelPlan, nbytes: int, flops: float,
+                shape: tuple[int, int, int, int] | None = None, itemsize: int = 4) -> PredictedKernel:
+        host, device = kernel_costs(self.profile, plan.kind, nbytes, flops, shape, itemsize)
+        return PredictedKernel(plan.kind, plan.nodes, nbytes, flops, host + device, plan.note, host, device)
+
+    def matmul_shape(self, node: fx.Node) -> tuple[int, int, int, int] | None:
+        """(batch, M, K, N) of a matmul node, None when unknown (a conv, no shapes)."""
+        form = mm_form(self.gm, node, self.infos)
+        if form is None:
+            return None
+        name, m, k, n = form
+        out = (self.infos.get(node) or [None])[0]
+        batch = (out.numel // (m * n)) if name == "bmm" and out is not None and out.numel and m * n else 1
+        return batch, m, k, n
+
+    def itemsize(self, node: fx.Node) -> int:
+        """Element size of a node's (first) output: the dtype the kernel computes in."""
+        infos = self.infos.get(node)
+        return infos[0].itemsize if infos else 4
 
     # -- FLOPs -------------------------------------------------------------------
     def node_flops(self, node: fx.Node) -> float:
@@ -209,24 +231,99 @@ class Pricing:
         prof = self.profile
         xs, ws = node.args[0], node.args[1]
         bs = node.args[2] if len(node.args) > 2 and node.args[2] is not None else [None] * len(xs)
-        members = []
+        members = []  # (bytes, flops, (batch, M, K, N), itemsize) per member
         for x, w, b in zip(xs, ws, bs):
             xi = (self.infos.get(x) or [None])[0] if isinstance(x, fx.Node) else None
             wi = (self.infos.get(w) or [None])[0] if isinstance(w, fx.Node) else None
             if xi is None or wi is None or xi.numel is None or len(wi.shape) != 2 or None in wi.shape:
                 return []
             n_out, k = wi.shape
-            out = (xi.numel // k if k else 0) * n_out
+            rows = xi.numel // k if k else 0
             bias = _nbytes(self.infos.get(b)) if isinstance(b, fx.Node) else 0
-            members.append((xi.nbytes + wi.nbytes + bias + out * xi.itemsize, 2.0 * out * k))
+            members.append((xi.nbytes + wi.nbytes + bias + rows * n_out * xi.itemsize, 2.0 * rows * n_out * k,
+                            (1, rows, k, n_out), xi.itemsize))
+        costs = [kernel_costs(prof, K.MATMUL, nbytes, flops, shape, size) for nbytes, flops, shape, size in members]
         if self.grouped_per_member:
-            return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops,
-                                    kernel_time(prof, K.MATMUL, nbytes, flops) + (prof.launch_s(K.MATMUL) if i == 0 else 0),
-                                    f"grouped_linear member {i} (F.linear fallback)")
-                    for i, (nbytes, flops) in enumerate(members)]
-        nbytes = sum(m[0] for m in members)
-        flops = sum(m[1] for m in members)
-        seconds = prof.launch_s(K.MATMUL) + prof.grouped_host_s + prof.grouped_host_s_per_member * len(members) + sum(
-            kernel_time(prof, K.MATMUL, m[0], m[1]) - prof.launch_s(K.MATMUL) for m in members)
-        return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops, seconds,
-                                f"grouped_linear ({len(members)} linears, one launch)")]
+            dispatch = prof.launch_s(K.MATMUL)  # the op's own dispatch, around its F.linear calls
+            return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops, host + device + (dispatch if i == 0 else 0),
+                                    f"grouped_linear member {i} (F.linear fallback)",
+                                    host + (dispatch if i == 0 else 0), device)
+                    for i, ((nbytes, flops, _, _), (host, device)) in enumerate(zip(members, costs))]
+        host = prof.launch_s(K.MATMUL) + prof.alloc_s + prof.grouped_host_s + prof.grouped_host_s_per_member * len(members)
+        device = sum(d for _, d in costs)
+        return [PredictedKernel(K.MATMUL, (node,), int(sum(m[0] for m in members)), sum(m[1] for m in members),
+                                host + device, f"grouped_linear ({len(members)} linears, one launch)", host, device)]
+
+    # -- training: the backward of a forward's kernels -----------------------------
+    def backward_costs(self, kernels: Sequence[PredictedKernel], grad: set[fx.Node]) -> list[tuple[float, float]]:
+        """(host, device) seconds of the backward kernels AOTAutograd derives from
+        ``kernels`` (a per-kernel model, not a trace), in reverse order. ``grad``: the
+        nodes whose values need a gradient (:func:`needs_grad`).
+
+        - an extern matmul: one matmul per operand that needs a gradient (dX, dW), each
+          with the forward's FLOPs and bytes;
+        - a generated kernel holding a node that needs a gradient: one generated kernel
+          moving twice its bytes (incoming gradients and saved inputs), with its FLOPs;
+          an embedding lookup into a table that needs a gradient also writes the whole
+          table's gradient (zero-filled, then scattered into);
+        - a copy of values none of which needs a gradient (a stack of frozen weights) has
+          no backward; a cat's backward is views of the gradient.
+        """
+        costs: list[tuple[float, float]] = []
+        for kernel in reversed(kernels):
+            if not any(n in grad for n in kernel.nodes):
+                continue
+            if kernel.kind in (K.MATMUL, K.OPAQUE) and len(kernel.nodes) == 1:
+                node = kernel.nodes[0]
+                operands = self._matmul_operands(node)
+                needing = sum(1 for o in operands if o is True or (isinstance(o, fx.Node) and o in grad)) \
+                    if operands else 1
+                shape, size = self.matmul_shape(node), self.itemsize(node)
+                for _ in range(needing):
+                    costs.append(kernel_costs(self.profile, kernel.kind, kernel.bytes_moved, kernel.flops, shape, size))
+                continue
+            if kernel.kind is K.CAT and all(n.op in ("placeholder", "get_attr") for n in self._cat_sources(kernel)):
+                continue
+            tables = sum(_nbytes(self.infos.get(arg_nodes(n)[1])) for n in kernel.nodes
+                         if self.kinds.get(n) is K.GATHER and len(arg_nodes(n)) > 1 and arg_nodes(n)[1] in grad
+                         and op_label(self.gm, n) == "embedding")
+            costs.append(kernel_costs(self.profile, K.POINTWISE, 2 * kernel.bytes_moved + tables, kernel.flops))
+        return costs
+
+    def _matmul_operands(self, node: fx.Node) -> tuple[fx.Node | bool, ...]:
+        """The operands of a matmul node whose gradients a backward computes: (x, w) nodes,
+        or True for a module's own parameters that require grad."""
+        args = arg_nodes(node)
+        if node.op == "call_module":
+            module = self.gm.get_submodule(node.target)
+            return (*args[:1], any(p.requires_grad for p in module.parameters(recurse=False)))
+        label = op_label(self.gm, node)
+        if label in ("addmm", "baddbmm", "addbmm", "addmv"):
+            return tuple(args[1:3])
+        return tuple(args[:2])
+
+    def _cat_sources(self, kernel: PredictedKernel) -> list[fx.Node]:
+        """The buffers a copy kernel reads (views resolved)."""
+        return [self.base[i] for n in kernel.nodes for i in arg_nodes(n)]
+
+
+def needs_grad(gm: fx.GraphModule, example_inputs: Sequence | None = None) -> set[fx.Node]:
+    """The nodes of ``gm`` whose values need a gradient in a training step: those computed
+    from a placeholder whose input (example, else meta value) requires grad, from a
+    parameter read by ``get_attr``, or by a module call whose parameters require grad."""
+    from optimus_eqsat.fxvocab import fetch_attr, meta_value
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    values = list(example_inputs) if example_inputs is not None and len(example_inputs) == len(placeholders) \
+        else [meta_value(n) for n in placeholders]
+    grad: set[fx.Node] = {n for n, v in zip(placeholders, values) if isinstance(v, torch.Tensor) and v.requires_grad}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = fetch_attr(gm, str(node.target))
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                grad.add(node)
+        elif node.op == "call_module" and any(p.requires_grad for p in gm.get_submodule(node.target).parameters()):
+            grad.add(node)
+        elif node.op != "placeholder" and any(a in grad for a in node.all_input_nodes):
+            grad.add(node)
+    return grad

@@ -165,7 +165,7 @@ def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int
         return (run.graph, run.extraction), run.build(meta=False)
 
     best = policy.run(run.extraction.choice, Variant((), launches, seconds), run.report, build_variant,
-                      lambda gm: predict(gm, run.example_inputs, run.options.profile))
+                      lambda gm: predict(gm, run.example_inputs, run.objective))
     if best is None:  # nothing to drop, or no time for a variant
         return result, launches, seconds
     run.graph, run.extraction = first if best.kept is None else best.kept

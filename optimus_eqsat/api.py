@@ -21,6 +21,7 @@ from .extract.group_search import GroupMove, batch_group_moves, improve_with_gro
 from .extract.refine import refine_run
 from .fx_graphs import copy_module, has_fake_meta, op_count, predict
 from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
+from .objective import MODES, Objective
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
 from .rulesets import DEFAULT_RULESETS, checked_rule_files, known_families, select_rulesets
@@ -39,6 +40,11 @@ class OptimizeOptions:
         rulesets: rule families to run, by name (unknown names are an error;
             families not shipped yet are skipped). Default: all shipped.
         rule_files: extra egglog rule files, each declaring one ruleset.
+        check_rules: test each rule of the rule files on random tensors when the options are
+            made (a quick check: few samples, a few seconds at most, cached per file content;
+            ``optimus-eqsat check-rules FILE.egg`` is the thorough one) and refuse an unsound
+            rule with ``rule_check.UnsoundRuleError`` naming it and the counterexample.
+            False skips the test.
         max_iterations, max_enodes, time_limit_s: saturation limits.
         batch_iterations: iterations of the second saturation, after the batch facts join
             (their stacks meet the splits and cats around them within 5 on the benchmark
@@ -46,8 +52,10 @@ class OptimizeOptions:
             features).
         extractor: "auto" (ILP when small enough, else greedy), "greedy" or "ilp".
         ilp_time_limit_s: the ILP's own time limit.
-        profile: device profile of the cost model ("h100", "h200", "a100", "cpu"), or a
-            ``DeviceProfile`` (e.g. ``get_profile("h100", launch_overhead_s=3e-6)``).
+        profile: device profile of the step-time model: "auto" (the example inputs'
+            device), "h100", "h200", "a100", "cpu", or a ``DeviceProfile``.
+        mode: "auto" (training when grad mode is on and an input or parameter requires
+            grad), "inference" or "training": a training step also prices the backward.
         raise_on_error: raise instead of falling back to the original graph.
         never_worse: return the original when the cost model predicts the result slower.
         refine_batches: re-extract without each kind of batch and keep the variant the
@@ -62,13 +70,15 @@ class OptimizeOptions:
 
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
     rule_files: tuple[str, ...] = ()
+    check_rules: bool = True
     max_iterations: int = Limits.max_iterations
     max_enodes: int | None = Limits.max_enodes
     time_limit_s: float = Limits.time_limit_s
     batch_iterations: int = 6
     extractor: str = "auto"
     ilp_time_limit_s: float = 10.0
-    profile: Any = "h100"  # str or extract.cost_model.DeviceProfile
+    profile: Any = "auto"  # str or extract.cost_model.DeviceProfile
+    mode: str = "auto"
     raise_on_error: bool = False
     never_worse: bool = True
     refine_batches: bool = True
@@ -98,11 +108,15 @@ class OptimizeOptions:
             raise ValueError(f"unknown ruleset(s) {unknown}; shipped: {sorted(known)}")
         if self.extractor not in ("auto", "greedy", "ilp"):
             raise ValueError(f"unknown extractor {self.extractor!r}; choose auto, greedy or ilp")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose {', '.join(MODES)}")
         try:
-            get_profile(self.profile)
+            if self.profile != "auto":
+                get_profile(self.profile)
         except KeyError as exc:
             raise ValueError(str(exc)) from None
-        checked_rule_files(self.rule_files)  # a missing or broken file is the caller's mistake: an error naming it
+        # a missing, broken or unsound file is the caller's mistake: an error naming it
+        checked_rule_files(self.rule_files, check_rules=self.check_rules)
 
     def egglog_rulesets(self) -> list[rewrites.RuleSet]:
         """The egglog programs a run loads (:func:`~optimus_eqsat.rulesets.select_rulesets`)."""
@@ -184,6 +198,8 @@ class OptimizationRun:
         self.options = options or OptimizeOptions()
         self.rulesets = None if rulesets is None else list(rulesets)
         self.report = report or OptimizeReport(nodes_before=op_count(gm))
+        self.objective = Objective.resolve(self.options.profile, self.options.mode, gm, example_inputs)
+        self.report.mode, self.report.profile = self.objective.mode, self.objective.profile.name
 
     def optimize(self) -> torch.fx.GraphModule:
         """Every phase in order: saturate, extract, finish (build, verify, refine)."""
@@ -207,7 +223,7 @@ class OptimizationRun:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.
             with phase(report, "batch"):
-                self.batches = rewrites.batching.batch_facts(t, opts.profile)
+                self.batches = rewrites.batching.batch_facts(t, self.objective.profile, self.objective.frozen)
                 report.batched = self.batches.members
                 self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
             if self.batches.facts:
@@ -219,8 +235,8 @@ class OptimizationRun:
         with phase(report, "export"):
             self.egraph = export(self.session.egraph)
         report.eclasses = len(self.egraph.classes)
-        self.cost = EGraphCost(self.egraph.shapes, lambda key: t.registry.specs[key].kind, opts.profile,
-                               self.egraph.input_classes(), self.egraph.list_lengths())
+        self.cost = EGraphCost(self.egraph.shapes, lambda key: t.registry.specs[key].kind, self.objective.profile,
+                               self.egraph.input_classes(), self.egraph.list_lengths(), self.objective.training)
 
     @property
     def roots(self) -> list[int]:
@@ -275,8 +291,8 @@ class OptimizationRun:
         with phase(report, "rebuild"):
             result = self.build(meta=not refine)
         with phase(report, "verify"):
-            report.launches_before, report.cost_before = predict(gm, self.example_inputs, opts.profile)
-            report.launches_after, report.cost_after = predict(result, self.example_inputs, opts.profile)
+            report.launches_before, report.cost_before = predict(gm, self.example_inputs, self.objective)
+            report.launches_after, report.cost_after = predict(result, self.example_inputs, self.objective)
         if refine:
             with phase(report, "refine"):
                 result, report.launches_after, report.cost_after = refine_run(

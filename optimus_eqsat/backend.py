@@ -27,12 +27,6 @@ from .report import OptimizeReport
 log = logging.getLogger("optimus_eqsat")
 
 
-def training_step(example_inputs: Sequence[Any]) -> bool:
-    """Whether Dynamo's graph will be differentiated: grad mode is on and an input (a
-    parameter, when Dynamo lifts them to inputs) requires grad."""
-    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
-
-
 def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable]:
     """A backend with :func:`optimize_graph` options, e.g. ``make_backend(extractor="greedy")``.
 

@@ -1,4 +1,4 @@
-"""Command line: ``optimus-eqsat [demo|bench|calibrate] ...``."""
+"""Command line: ``optimus-eqsat [demo|bench|calibrate|check-rules] ...``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("bench", help="run the benchmark harness (from a repository checkout)", add_help=False)
     _add_calibrate_parser(sub)
+    _add_check_rules_parser(sub)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         try:
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "calibrate":
         return run_calibrate(args)
+    if args.command == "check-rules":
+        return run_check_rules(args)
     if args.command is None:
         args = parser.parse_args(["demo", *(argv or [])])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
@@ -73,6 +76,40 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(profile.table())
     print(f"took {profile.fit['duration_s']} s; stored in {save_profile(profile, args.out)}")
     return 0
+
+
+def _add_check_rules_parser(sub: argparse._SubParsersAction) -> None:
+    chk = sub.add_parser("check-rules", help="test every rule of egglog rule files on random tensors "
+                         "(exit status 1 when one is unsound)")
+    chk.add_argument("files", nargs="+", metavar="FILE.egg")
+    chk.add_argument("--samples", type=int, default=100, help="valid instances to test per rule (default 100)")
+    chk.add_argument("--seed", type=int, default=0)
+    chk.add_argument("--time-limit", type=float, default=None, help="seconds per file (default: none)")
+    chk.add_argument("--rule", action="append", default=None, metavar="NAME", help="check only this rule (repeatable)")
+    chk.add_argument("--no-mixed-dtypes", action="store_true",
+                     help="one dtype per instance (by default some instances mix float dtypes)")
+
+
+def run_check_rules(args: argparse.Namespace) -> int:
+    """``optimus-eqsat check-rules``: a verdict table per file; 1 if a rule is unsound, 2 if a file is unreadable."""
+    from .rewrites import RuleFileError
+    from .rule_check import check_rules, verdict_table
+
+    status = 0
+    for path in args.files:
+        try:
+            verdicts = check_rules(path, samples=args.samples, seed=args.seed, time_limit_s=args.time_limit,
+                                   mixed_dtypes=not args.no_mixed_dtypes, only=args.rule)
+        except RuleFileError as exc:
+            print(f"check-rules: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        if len(args.files) > 1:
+            print(f"== {path}")
+        print(verdict_table(verdicts))
+        if any(v.unsound for v in verdicts) and status == 0:
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

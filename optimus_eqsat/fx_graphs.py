@@ -30,9 +30,14 @@ def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
-def predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, profile: Any) -> tuple[int, float]:
-    """Kernel launches and seconds the fusion-aware cost model (fx_cost) predicts for ``gm``."""
-    from .extract.fx_cost import predict_kernels
+def predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, objective: Any) -> tuple[int, float]:
+    """Kernel launches and step seconds the fusion-aware cost model (fx_cost) predicts for
+    ``gm`` under ``objective`` (an ``objective.Objective``: profile and mode). Frozen inference
+    is predicted on the graph with its parameter-only work folded (extract/freezing.py)."""
+    from .extract.freezing import fold_parameters
+    from .extract.fx_cost import predict_kernels, predicted_step_time
 
-    kernels = predict_kernels(gm, example_inputs, profile)
-    return len(kernels), sum(k.seconds for k in kernels)
+    if objective.frozen and example_inputs is not None:
+        gm = fold_parameters(gm, example_inputs)
+    launches = len(predict_kernels(gm, example_inputs, objective.profile))
+    return launches, predicted_step_time(gm, example_inputs, objective.profile, objective.training)

@@ -234,15 +234,24 @@ def _tensor_list(ctx: Context, tensors: Any) -> list[Term]:
     return [ctx.ref(t) for t in tensors]
 
 
+def _one_dtype(ctx: Context, tensors: Any) -> None:
+    """A cat of mixed dtypes promotes them, and promotion does not commute with the rules
+    that move ops into or out of a cat (the e-graph tracks no dtypes): keep it opaque."""
+    if isinstance(tensors, (list, tuple)) and not all(ctx.same_dtype_as_input(t) for t in tensors):
+        raise Unsupported("cat of mixed dtypes")
+
+
 def h_cat(ctx: Context, a: dict[str, Any]) -> Term:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
+    _one_dtype(ctx, a["tensors"])
     return Cat(ctx.cons(_tensor_list(ctx, a["tensors"]), dim))
 
 
 def h_stack(ctx: Context, a: dict[str, Any]) -> Term:
     out = ctx.out_shape()
     dim = _dim(a["dim"], len(out))
+    _one_dtype(ctx, a["tensors"])
     member = out[:dim] + (1,) + out[dim + 1 :]
     items: list[Term] = [Reshape(t, member) for t in _tensor_list(ctx, a["tensors"])]
     return Cat(ctx.cons(items, dim))

@@ -13,7 +13,8 @@ class OptimizeReport:
     Attributes:
         nodes_before / nodes_after: FX call nodes (ops) in the input and the result.
         launches_before / launches_after: kernel launches the cost model predicts.
-        cost_before / cost_after: predicted time (seconds) under the active profile.
+        cost_before / cost_after: predicted step time (seconds) under the profile and mode.
+        mode, profile: what the step time prices ("inference"/"training") and on which device.
         rules_fired: matches per rule name, over the whole saturation.
         phase_seconds: time per phase (translate, load, saturate, export, extract, rebuild, verify).
         stop_reason: why saturation stopped ("saturated", "iteration_limit", ...).
@@ -26,6 +27,8 @@ class OptimizeReport:
         opaque_nodes: nodes kept verbatim, with the reason.
     """
 
+    mode: str | None = None  # "inference" or "training": what the step time prices
+    profile: str | None = None  # the device profile's name
     nodes_before: int = 0
     nodes_after: int = 0
     launches_before: int | None = None
@@ -83,7 +86,8 @@ class OptimizeReport:
         fired = sorted(self.rules_fired.items(), key=lambda kv: -kv[1])
         lines = [
             f"FX op nodes:        {self.nodes_before} -> {self.nodes_after}",
-            f"predicted launches: {self.launches_before} -> {self.launches_after}",
+            f"predicted step:     {_us(self.cost_before)} -> {_us(self.cost_after)} ({self.mode or '?'} on "
+            f"{self.profile or '?'}); launches {self.launches_before} -> {self.launches_after}",
             f"saturation:         {self.stop_reason} after {self.iterations} iterations, "
             f"{self.enodes} e-nodes in {self.eclasses} e-classes",
             f"extraction:         {self.extractor} (optimal={self.optimal}, gap={self.gap})",
@@ -98,3 +102,7 @@ class OptimizeReport:
         if self.fell_back:
             lines.append(f"FELL BACK to the original graph: {self.fallback_reason}")
         return "\n".join(lines)
+
+
+def _us(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds * 1e6:.1f} us"

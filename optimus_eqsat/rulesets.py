@@ -17,12 +17,18 @@ def known_families() -> set[str]:
     return set(rewrites.builtin_rulesets()) | set(rewrites.PYTHON_FAMILIES) | set(DEFAULT_RULESETS)
 
 
-def checked_rule_files(paths: Iterable[str | Path]) -> list[rewrites.RuleSet]:
-    """The rule files, read and checked by egglog (``RuleFileError`` names a bad one)."""
+def checked_rule_files(paths: Iterable[str | Path], check_rules: bool = True) -> list[rewrites.RuleSet]:
+    """The rule files, read and checked by egglog (``RuleFileError`` names a bad one), and
+    with ``check_rules`` tested on random tensors (quick, cached per file content):
+    ``rule_check.UnsoundRuleError`` names an unsound rule and its counterexample."""
     shipped = rewrites.builtin_rulesets().values()
     loaded = [rewrites.load_rule_file(path) for path in paths]
     for ruleset in loaded:
         check_ruleset(ruleset, shipped)
+        if check_rules:
+            from .rule_check import refuse_unsound
+
+            refuse_unsound(ruleset)
     return loaded
 
 

@@ -127,6 +127,8 @@ def reshape_trailing_rules() -> str:
     Subsumes move_reshape_out_of_split_stack (13): pieces reshaped before a stack
     become pieces of one reshaped tensor, which the cat rules then merge. Valid
     because the reshape is: equal leading dims make the trailing sizes' products equal.
+    Not for an empty piece (b == a: its reshape says nothing of x's trailing dims; the
+    rule checker found the counterexample).
     """
     rules = []
     for d in range(MAX_RANK - 1):
@@ -134,7 +136,7 @@ def reshape_trailing_rules() -> str:
             lead = " ".join(f"(= (vec-get s {j}) (vec-get sx {j}))" for j in range(d))
             rules.append(
                 f"(rule ((= t (Reshape (Slice x {d} a b) s)) (= (vec-length s) {r}) (= sx (shape x))"
-                f" (< {d} (vec-length sx)) {lead} (= (vec-get s {d}) (- b a)))"
+                f" (< {d} (vec-length sx)) {lead} (= (vec-get s {d}) (- b a)) (> b a))"  # an empty piece need not
                 f" ((union t (Slice (Reshape x (vec-set s {d} (vec-get sx {d}))) {d} a b)))"
                 f" :ruleset splitcat :name \"reshape-trailing-r{r}-{d}\")"
             )

@@ -176,7 +176,8 @@ def test_user_rule_file_is_used(tmp_path):
     rules = tmp_path / "mine.egg"
     rules.write_text('(ruleset mine)\n(rewrite (Unary "tanh" (Unary "tanh" x)) (Unary "tanh" x) :ruleset mine :name "mine-wrong")\n')
     gm = torch.fx.symbolic_trace(lambda x: x.relu())
-    optimized = optimize_graph(gm, (torch.randn(3),), rule_files=[str(rules)], raise_on_error=True)
+    # tanh(tanh(x)) == tanh(x) is false: the rule checker would refuse the file
+    optimized = optimize_graph(gm, (torch.randn(3),), rule_files=[str(rules)], raise_on_error=True, check_rules=False)
     assert "mine-wrong" not in optimized.meta["optimus_eqsat"].rules_fired  # loaded, never matched
 
 

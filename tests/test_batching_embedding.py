@@ -1,6 +1,8 @@
-"""Batching embedding lookups into tables of one width (issue #4): one lookup into the
-tables concatenated along rows, with shifted indices; forward and gradients (inputs and
-every table) against eager."""
+"""Batching embedding lookups into tables of one width: one lookup into the tables
+concatenated along rows, with shifted indices; forward and gradients (inputs and every
+table) against eager. The tables' concatenation is a per-step copy of every table unless
+parameters are frozen, so the kind is built only for frozen inference (the fixture below);
+the last test checks that it is not built otherwise."""
 
 from __future__ import annotations
 
@@ -58,6 +60,18 @@ class Pooled(nn.Module):
         return torch.cat(pooled, dim=1) * dense
 
 
+FROZEN = {"mode": "inference"}  # with Inductor's freezing on (the fixture): parameters are constants
+
+
+@pytest.fixture(autouse=True)
+def _frozen_parameters(request):
+    if request.node.get_closest_marker("unfrozen"):
+        yield
+        return
+    with torch._inductor.config.patch(freezing=True):
+        yield
+
+
 def indices(batch: int = 3, bag: int | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     shape = (batch,) if bag is None else (batch, bag)
@@ -82,7 +96,7 @@ def assert_same_table_grads(model: nn.Module, optimized: torch.nn.Module, inputs
 
 def optimize(model: nn.Module, inputs: tuple, **options) -> torch.fx.GraphModule:
     gm = torch.fx.symbolic_trace(model)
-    optimized = optimize_graph(gm, inputs, raise_on_error=True, **options)
+    optimized = optimize_graph(gm, inputs, raise_on_error=True, **FROZEN, **options)
     assert_same_numerics(model, optimized, inputs)
     assert_same_table_grads(model, optimized, inputs)
     return optimized
@@ -107,7 +121,7 @@ def test_batched_lookup_is_correct(bag):
     """The batched alternative itself (forced by a launch-count cost): one lookup, same values
     and the same gradient for every table."""
     model, inputs = Lookups(), indices(bag=bag)
-    run = OptimizationRun(torch.fx.symbolic_trace(model), inputs, OptimizeOptions(raise_on_error=True))
+    run = OptimizationRun(torch.fx.symbolic_trace(model), inputs, OptimizeOptions(raise_on_error=True, **FROZEN))
     run.saturate()
     run.extract(cost=launch_count_cost)
     program = run.build()
@@ -148,7 +162,7 @@ def test_pooled_lookups_that_already_fuse_are_left_alone():
 def test_tables_with_flags_keep_their_own_lookup(flags):
     model, inputs = Lookups(**flags), indices()
     gm = torch.fx.symbolic_trace(model)
-    optimized = optimize_graph(gm, inputs, raise_on_error=True, profile="h100")
+    optimized = optimize_graph(gm, inputs, raise_on_error=True, profile="h100", **FROZEN)
     assert not optimized.meta["optimus_eqsat"].batched.get("batch-embedding")
     assert lookups(optimized) == len(ROWS)
     if "max_norm" not in flags:  # max_norm renormalizes the tables in place: not replayable
@@ -167,7 +181,7 @@ def test_tables_of_other_widths_are_separate_groups():
             return tuple(self.tables[t](idx[t]) for t in range(len(ROWS)))
 
     model, inputs = Mixed(), indices()
-    run = OptimizationRun(torch.fx.symbolic_trace(model), inputs, OptimizeOptions(raise_on_error=True))
+    run = OptimizationRun(torch.fx.symbolic_trace(model), inputs, OptimizeOptions(raise_on_error=True, **FROZEN))
     run.saturate()
     assert run.report.batched.get("batch-embedding") == len(ROWS)
     assert len(run.batches.outputs["batch-embedding"]) == 2
@@ -192,8 +206,23 @@ def test_dynamo_graph_functional_embedding():
     torch.compile(model, backend=backend, fullgraph=True)(*inputs)
     gm, example = captured[0]
     assert sum(1 for n in gm.graph.nodes if n.target is F.embedding) == MANY
-    optimized = optimize_graph(gm, example, profile="h100", raise_on_error=True)
+    optimized = optimize_graph(gm, example, profile="h100", raise_on_error=True, **FROZEN)
     assert optimized.meta["optimus_eqsat"].batched.get("batch-embedding") == MANY
     assert sum(1 for n in optimized.graph.nodes if n.target is F.embedding) == 1
     # the tables are graph inputs here: their gradients are compared too
     assert_same_numerics(gm, optimized, tuple(t.detach() for t in example))
+
+
+@pytest.mark.unfrozen
+@pytest.mark.parametrize("mode", ["training", "inference"])
+def test_tables_are_never_copied_per_step_when_parameters_are_not_frozen(mode):
+    """Without freezing the tables' concatenation would copy every table on every step:
+    the lookups stay apart (Inductor fuses them into its generated code anyway)."""
+    idx = torch.stack([torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t))
+                       for t in range(MANY)], dim=1)
+    gm = torch.fx.symbolic_trace(ManyLookups())
+    optimized = optimize_graph(gm, (idx,), raise_on_error=True, profile="h100", mode=mode)
+    assert not optimized.meta["optimus_eqsat"].batched.get("batch-embedding")
+    assert lookups(optimized) == MANY
+    assert not any(n.target is torch.cat and any(a.op == "get_attr" for a in n.args[0])
+                   for n in optimized.graph.nodes if n.op == "call_function")

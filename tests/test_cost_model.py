@@ -8,11 +8,13 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from optimus_eqsat.extract.cost_model import PROFILES, DeviceProfile, KernelKind as K, get_profile, kernel_time
+from optimus_eqsat.extract.cost_model import (PROFILES, DeviceProfile, KernelKind as K, get_profile, kernel_costs,
+                                              kernel_time, profile_for_inputs, step_seconds)
 from optimus_eqsat.extract.fx_cost import (
     classify_node,
     predict_kernels,
     predicted_launches,
+    predicted_step_time,
     predicted_time,
 )
 from optimus_eqsat.inductor_count import capture_dynamo_graphs
@@ -24,7 +26,7 @@ def test_profiles_documented_and_overridable():
     assert {"h100", "h200", "a100", "cpu"} <= set(PROFILES)
     assert PROFILES["h200"].mem_bandwidth_bytes_per_s > PROFILES["h100"].mem_bandwidth_bytes_per_s
     fast = get_profile("H100", launch_overhead_s=1e-6)
-    assert fast.launch_overhead_s == 1e-6 and PROFILES["h100"].launch_overhead_s == 5e-6
+    assert fast.launch_overhead_s == 1e-6 and PROFILES["h100"].launch_overhead_s == 14.7e-6  # the H200's host
     assert get_profile(fast) is fast
     with pytest.raises(KeyError):
         get_profile("tpu")
@@ -38,6 +40,32 @@ def test_kernel_time_roofline():
     assert kernel_time(p, K.POINTWISE, 20, 10) == pytest.approx(3.0)  # memory bound
     assert kernel_time(p, K.MATMUL, 10, 1000) == pytest.approx(11.0)  # compute bound
     assert kernel_time(p, K.OPAQUE, 0, 0) == pytest.approx(1.0)  # launch only
+
+
+def test_step_time_is_serial_on_a_cpu_and_overlapped_on_a_gpu():
+    serial = DeviceProfile("s", launch_overhead_s=1.0, mem_bandwidth_bytes_per_s=1.0, matmul_flops_per_s=1.0,
+                           pointwise_flops_per_s=1.0, call_s=10.0, overlap=False)
+    costs = [(1.0, 5.0), (1.0, 5.0), (1.0, 5.0)]
+    assert step_seconds(serial, costs) == 10.0 + 18.0
+    overlapped = DeviceProfile("o", launch_overhead_s=1.0, mem_bandwidth_bytes_per_s=1.0, matmul_flops_per_s=1.0,
+                               pointwise_flops_per_s=1.0, call_s=10.0, overlap=True)
+    assert step_seconds(overlapped, costs) == 10.0 + 1.0 + 15.0  # device-bound: launches hide behind it
+    assert step_seconds(overlapped, [(5.0, 1.0)] * 3) == 10.0 + 15.0 + 1.0  # host-bound
+
+
+def test_matmul_throughput_follows_dtype_and_the_measured_table():
+    h100 = get_profile("h100")
+    fp32 = kernel_costs(h100, K.MATMUL, 0, 1e12, (1, 4096, 4096, 4096), itemsize=4)[1]
+    bf16 = kernel_costs(h100, K.MATMUL, 0, 1e12, (1, 4096, 4096, 4096), itemsize=2)[1]
+    assert fp32 == pytest.approx(1e12 / 67e12) and bf16 == pytest.approx(1e12 / 989e12)
+    cpu = get_profile("cpu")
+    small = cpu.matmul_rate(2 * 32 * 16 * 16, (1, 32, 16, 16), 4)
+    large = cpu.matmul_rate(2 * 256 * 256 * 256, (1, 256, 256, 256), 4)
+    assert small < large  # small GEMMs run far from the peak, as measured
+
+
+def test_profile_follows_the_inputs_device():
+    assert profile_for_inputs([torch.randn(2)]) == "cpu" and profile_for_inputs(None) == "cpu"
 
 
 # ---------------------------------------------------------------- modules
@@ -183,10 +211,15 @@ def test_kernel_details_and_time():
     kernels = predict_kernels(gm, (torch.randn(4, 8),), profile="h100")
     assert [k.kind for k in kernels] == [K.MATMUL, K.POINTWISE]
     assert "addmm" in kernels[0].note and kernels[0].flops == 2 * 4 * 8 * 8
-    assert all(k.bytes_moved > 0 and k.seconds >= 5e-6 for k in kernels)
+    h100 = get_profile("h100")
+    assert all(k.bytes_moved > 0 and k.host_s >= h100.launch_overhead_s and k.seconds == k.host_s + k.device_s
+               for k in kernels)
     t_h100 = predicted_time(gm, (torch.randn(4, 8),), profile="h100")
-    assert t_h100 == pytest.approx(sum(k.seconds for k in kernels))
+    assert t_h100 == pytest.approx(step_seconds(h100, [(k.host_s, k.device_s) for k in kernels]))
+    assert t_h100 > h100.call_s + sum(k.host_s for k in kernels)  # the last kernel's device time ends the step
     assert predicted_time(gm, (torch.randn(4, 8),), profile="cpu") < t_h100  # cheaper launches
+    train = predicted_step_time(gm, (torch.randn(4, 8),), profile="cpu", training=True)
+    assert train > predicted_time(gm, (torch.randn(4, 8),), profile="cpu")  # the backward is priced
 
 
 def test_tiny_matmul_decomposed_on_cpu():

@@ -292,11 +292,12 @@ def test_random_larger_graphs_ilp_never_worse() -> None:
     (wide, lambda g: 1 + 0.5 * (len(g.classes) - 2)),  # everyone shares S
 ])
 def test_greedy_handles_100k_nodes(make, optimum) -> None:
+    # CPU time of this process, not wall time: bounds the work, whatever else the machine runs
     g = make(100_000)
     assert g.num_nodes >= 99_990
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     ext = get_extractor("greedy").extract(g)
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
     assert ext.cost == optimum(g)
     assert len(ext.choice) >= len(g.classes) - 1
 
@@ -336,9 +337,9 @@ def _split_cat_egraph() -> ExtractionGraph:
 def test_real_egraph_ilp_optimal_fast_and_not_worse_than_greedy(make) -> None:
     g = make()
     greedy = get_extractor("greedy").extract(g)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     ilp = get_extractor("ilp", time_limit=10).extract(g)
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     check(g, greedy)
     check(g, ilp)
     assert ilp.optimal and ilp.gap == 0.0
@@ -354,11 +355,11 @@ def test_real_demo_egraph_ilp_valid_and_auto_bounded() -> None:
     m = DemoRecModel().eval()
     g = _real_egraph(torch.fx.symbolic_trace(m), m.example_inputs())
     greedy = get_extractor("greedy").extract(g)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     auto = get_extractor("auto", time_limit=10).extract(g)
     # The demo's gap is still about 0.36 at 1.5 s: auto gives up then instead of
     # using all of max_ilp_seconds (8).
-    assert time.perf_counter() - t0 < 5
+    assert time.process_time() - t0 < 5
     check(g, auto)
     assert auto.cost <= greedy.cost * (1 + 1e-12)
     if not auto.optimal:

@@ -159,7 +159,9 @@ def test_ablation_variants_label_rows():
     assert len(variants) == 4
     assert variants[1] == EqsatOptions(("splitcat",), "ilp", None)
     assert variants[3].kwargs() == {"rulesets": ("splitcat", "batching"), "extractor": "ilp"}
-    assert variants[3].label() == {"rulesets": "splitcat+batching", "extractor": "ilp", "profile": "default"}
+    assert variants[3].label() == {"rulesets": "splitcat+batching", "extractor": "ilp", "profile": "default",
+                                   "measure": "default"}
+    assert eqsat_variants(None, None, None, "on;off")[1].kwargs() == {"measure": False}
     assert eqsat_variants(None, None, None) == [EqsatOptions()]
     ms = methods.make_methods(["inductor", "optimus_eqsat"], variants)
     assert [m.name for m in ms] == ["inductor"] + ["optimus_eqsat"] * 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from optimus_eqsat import optimize_graph
 from tests.helpers import op_counts, optimize_and_check
 
 SPLITS = {"split", "chunk", "unbind", "narrow", "getitem", "select", "slice"}
@@ -198,3 +199,15 @@ def test_long_runs_merge_into_one_piece_each(pattern, shapes, most_cat_inputs):
     cats = [n for n in optimized.graph.nodes if n.op == "call_function" and n.target in (torch.cat, torch.concat)]
     assert sum(len(n.args[0]) for n in cats) <= most_cat_inputs, optimized.code
     assert not (set(op_counts(optimized)) & {"split", "chunk", "unbind"}), optimized.code
+
+
+def test_cat_of_mixed_dtypes_stays_as_written():
+    # torch.cat promotes mixed dtypes; moving a unary op into such a cat would change where
+    # the promotion happens (found by the rule checker: unary-cat, cat-unary)
+    def fn(a, b):
+        return torch.relu(torch.cat([a, b], dim=1)) * 2
+
+    a, b = torch.randn(3, 4), torch.randn(3, 4, dtype=torch.float64)
+    optimized = optimize_graph(torch.fx.symbolic_trace(fn), (a, b), raise_on_error=True)
+    assert "cat of mixed dtypes" in optimized.meta["optimus_eqsat"].opaque_nodes.values()
+    torch.testing.assert_close(optimized(a, b), fn(a, b))

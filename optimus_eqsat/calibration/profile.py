@@ -79,6 +79,12 @@ class CalibratedProfile:
     matmul: tuple[MatmulEntry, ...] = ()
     cudagraph_call_s: float | None = None
     cudagraph_kernel_s: float | None = None
+    # Per graph input per call (Dynamo's guards and the wrapper's argument handling), and
+    # per input that requires grad per training step (autograd's saving and accumulating,
+    # zero_grad): the same for every program of one model, so they set the absolute step
+    # time but never which program is faster.
+    input_s: float | None = None
+    trained_input_s: float | None = None
     source: dict[str, str] = field(default_factory=dict)
     spread: dict[str, float] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
@@ -96,7 +102,8 @@ class CalibratedProfile:
             raise ValueError(f"profile {self.device!r} has no matmul table")
         point = (math.log2(max(2.0 * batch * m * n * k, 1.0)), math.log2(max(min(m, n, k), 1)))
         scored = sorted(
-            (math.dist(point, (math.log2(e.flops), math.log2(min(e.m, e.n, e.k)))), e) for e in entries
+            ((math.dist(point, (math.log2(e.flops), math.log2(min(e.m, e.n, e.k)))), e) for e in entries),
+            key=lambda scored_entry: scored_entry[0],  # equal distances: keep table order, never compare entries
         )[:4]
         if scored[0][0] < 1e-9 or len(scored) == 1:
             return scored[0][1].flops_per_s
@@ -158,7 +165,7 @@ class CalibratedProfile:
             spread_txt = f"  IQR {spread * scale:.3g}" if spread is not None else ""
             rows.append(f"  {name:<28} {value * scale:12.4g} {unit}{spread_txt}")
 
-        for name in (*PER_CALL_FIELDS, "cudagraph_call_s", "cudagraph_kernel_s"):
+        for name in (*PER_CALL_FIELDS, "input_s", "trained_input_s", "cudagraph_call_s", "cudagraph_kernel_s"):
             line(name, getattr(self, name), "us", 1e6)
         line("mem_bandwidth_bytes_per_s", self.mem_bandwidth_bytes_per_s, "GB/s", 1e-9)
         line("pointwise_flops_per_s", self.pointwise_flops_per_s, "GFLOP/s", 1e-9)

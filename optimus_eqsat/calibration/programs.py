@@ -44,6 +44,7 @@ __all__ = [
     "CalibrationError",
     "HOST_FAMILIES",
     "host_program",
+    "inputs_program",
     "bandwidth_program",
     "pointwise_flops_program",
     "matmul_program",
@@ -149,6 +150,19 @@ def host_program(family: str, k: int, device: str, dtype: torch.dtype, tag: str 
     return Program(name, family, k, _function(name, ["x", "w"], body), (x, w), expected)
 
 
+def inputs_program(k: int, device: str, dtype: torch.dtype, trained: bool = False) -> Program:
+    """``x * w1 + ... + x * wk``: one generated kernel reading ``k + 1`` inputs. ``trained``:
+    the ``w`` are parameters that require grad (a training step's per-parameter costs)."""
+    x = torch.randn(8, 8, device=device, dtype=dtype)
+    ws = tuple(torch.nn.Parameter(torch.randn(8, 8, device=device, dtype=dtype), requires_grad=trained)
+               for _ in range(k))
+    names = [f"w{i}" for i in range(k)]
+    name = f"{'trained' if trained else 'inputs'}_{k}"
+    fn = _function(name, ["x", *names], ["return " + " + ".join(f"x * {w}" for w in names)])
+    return Program(name, "trained" if trained else "inputs", k, fn, (x, *ws), {"generated": 1, "extern": 0,
+                                                                                 "custom": 0})
+
+
 def bandwidth_program(numel: int, device: str, dtype: torch.dtype) -> Program:
     """One in-place pointwise kernel over ``numel`` elements (read + write, no allocation:
     a fresh large output would time the OS's page faults, not the memory)."""
@@ -186,7 +200,8 @@ def count_program_code(code: str) -> Counts:
 
 def compile_program(program: Program, mode: str | None = None) -> Program:
     """Compile ``program`` with ``torch.compile`` (Inductor), run it once, count and
-    check its kernels; raises :class:`CalibrationError` on a mismatch."""
+    check its kernels (the forward's, in a training program); raises
+    :class:`CalibrationError` on a mismatch."""
     from torch._inductor.graph import GraphLowering
 
     codes: list[str] = []
@@ -194,8 +209,11 @@ def compile_program(program: Program, mode: str | None = None) -> Program:
     # run_and_get_code would reset Dynamo and make every earlier program recompile.
     with mock.patch.object(GraphLowering, "save_output_code", codes.append):
         compiled(*program.inputs)
-    if len(codes) != 1:
-        raise CalibrationError(f"{program.name}: expected one compiled graph, Inductor produced {len(codes)}")
+    # A training program compiles its forward, and its backward now or at its first backward.
+    graphs = (1, 2) if program.family == "trained" else (1,)
+    if len(codes) not in graphs:
+        raise CalibrationError(f"{program.name}: expected {' or '.join(map(str, graphs))} compiled graph(s), "
+                               f"Inductor produced {len(codes)}")
     program.compiled, program.code = compiled, codes[0]
     program.counts = count_program_code(codes[0])
     wrong = {key: (getattr(program.counts, key), want) for key, want in program.expected.items()

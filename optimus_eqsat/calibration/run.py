@@ -34,6 +34,7 @@ from .programs import (
     bandwidth_program,
     compile_program,
     host_program,
+    inputs_program,
     matmul_program,
     pointwise_flops_program,
 )
@@ -151,6 +152,44 @@ def _matmul_table(plan: Plan, device: str, dtype: torch.dtype, clock: str,
     return tuple(entries)
 
 
+def _slope(ks: Sequence[int], times: np.ndarray) -> tuple[float, float]:
+    """(median slope of time over k, IQR of the per-round slopes): times is rounds x len(ks)."""
+    slopes = np.polyfit(np.asarray(ks, dtype=float), times.T, 1)[0]
+    return float(np.median(slopes)), float(iqr(slopes))
+
+
+def _measure_inputs(plan: Plan, device: str, dtype: torch.dtype, clock: str,
+                    say: Callable[[str], None]) -> dict[str, tuple[float, float]]:
+    """``input_s`` and ``trained_input_s`` (see the profile), each the slope over k of a
+    program family with k inputs: one generated kernel whatever k; in training, forward,
+    ``backward()`` into k parameters and ``zero_grad`` as a training loop does."""
+    ks = plan.ks
+    plain = [compile_program(inputs_program(k, device, dtype)) for k in ks]
+    with torch.enable_grad():
+        trained = [compile_program(inputs_program(k, device, dtype, trained=True)) for k in ks]
+
+    def step(program: Program) -> Callable[[], None]:
+        params = program.inputs[1:]
+
+        def run() -> None:
+            with torch.enable_grad():
+                program().sum().backward()
+            for p in params:
+                p.grad = None
+
+        return run
+
+    say(f"  compiled {2 * len(ks)} per-input programs; timing")
+    matrix = _timed_matrix(plain, clock, plan.host_rounds, plan.target_s)
+    programs = {p.name: step(p) for p in trained}
+    times = time_rounds(programs, clock=clock, rounds=plan.host_rounds, warmup=3, target_s=plan.target_s)
+    trained_matrix = np.stack([times[p.name] for p in trained], axis=1)
+    input_s = _slope(ks, matrix)
+    per_trained = _slope(ks, trained_matrix)
+    # a trained input also pays input_s in the forward call
+    return {"input_s": input_s, "trained_input_s": (max(per_trained[0] - input_s[0], 0.0), per_trained[1])}
+
+
 def _program_rows(programs: Sequence[Program], matrix: np.ndarray) -> list[dict]:
     medians = np.median(matrix, axis=0)
     return [{"name": p.name, "family": p.family, "k": p.k, **vars(p.counts), "median_s": float(t)}
@@ -252,6 +291,9 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
     flops_rate, spread["pointwise_flops_per_s"] = _throughput(flops, matrix[:, 1], _host_time(fit, flops.counts))
 
     matmul = _matmul_table(plan, device, dtype, clock, say)
+    per_input = _measure_inputs(plan, device, dtype, clock, say)
+    for name, (value, iqr_value) in per_input.items():
+        costs[name], spread[name] = value, iqr_value
     fit_record["duration_s"] = round(time.perf_counter() - started, 1)
     fit_record["quick"] = quick
     fit_record["clock"] = clock
@@ -271,6 +313,10 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
                                  f"over {plan.flops_numel} elements, net of host cost, {clock} clock",
         "matmul": f"measured: extern mm/bmm through Inductor, median of {plan.matmul_rounds} rounds "
                   f"minus the 8x8x8 program's, {clock} clock",
+        "input_s": f"measured: slope over k = {', '.join(map(str, plan.ks))} of one-kernel programs reading "
+                   f"k inputs, {rounds}",
+        "trained_input_s": "measured: slope over k of a training step (forward, backward into k parameters, "
+                           "zero_grad) of the same programs, less input_s",
     }
     if device == "cuda":
         source["cudagraph_call_s"] = "measured: intercept under mode='reduce-overhead' (CUDA graph trees)"
@@ -285,5 +331,6 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
         extern_call_s=costs["extern_call_s"], alloc_s=costs["alloc_s"], custom_op_s=costs.get("custom_op_s"),
         mem_bandwidth_bytes_per_s=bandwidth_rate, pointwise_flops_per_s=flops_rate, matmul=matmul,
         cudagraph_call_s=costs.get("cudagraph_call_s"), cudagraph_kernel_s=costs.get("cudagraph_kernel_s"),
+        input_s=costs.get("input_s"), trained_input_s=costs.get("trained_input_s"),
         source=source, spread=spread, fit=fit_record,
     )

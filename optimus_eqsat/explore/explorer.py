@@ -392,7 +392,8 @@ class Explorer:
         """Predicted kernel launches (``fx_cost.PredictedKernel``) of a program."""
         which = self._which(which)
         if which not in self._kernels:
-            self._kernels[which] = predict_kernels(self.graph(which), self.example_inputs, self.options.profile)
+            self._kernels[which] = predict_kernels(self.graph(which), self.example_inputs,
+                                                  self.run.objective.profile)
         return self._kernels[which]
 
     def picture(self, which: str = "current", max_nodes: int = 300, show_params: bool = False) -> Picture:

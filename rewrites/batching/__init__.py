@@ -52,7 +52,7 @@ from ...term import Fact
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate, build_order, candidate_ancestors, independent_groups, parse_candidate
-from .kinds import KINDS, BatchKind
+from .kinds import KINDS, BatchContext, BatchKind
 from .views import cat_alternatives
 
 # The table of kinds, in the order their keys are computed (see kinds.py); importing
@@ -76,12 +76,15 @@ class Batches:
     groups: list[tuple[int, list[int]]]  # (batched term id, member node ids)
 
 
-def batch_facts(t: Translation, profile: Any = None) -> Batches:
+def batch_facts(t: Translation, profile: Any = None, frozen: bool = False) -> Batches:
     """Facts adding one batched alternative per group, with what they batch.
 
     ``profile`` (a cost-model profile or its name) lets kinds that cannot pay on
     that device be skipped before they are built (group_linear); None builds all.
+    ``frozen``: parameters are constants (frozen inference), so stacking them is
+    done once, not every step (the embedding kind builds only then).
     """
+    context = BatchContext(profile, frozen)
     keyed: dict[tuple, list[Candidate]] = defaultdict(list)
     kind_of: dict[tuple, BatchKind] = {}
     for i, term in t.terms.items():
@@ -101,7 +104,7 @@ def batch_facts(t: Translation, profile: Any = None) -> Batches:
     groups = [(kind_of[key], group) for key, members in keyed.items()
               for group in independent_groups(members, ancestors) if len(group) >= MIN_GROUP]
     for kind, group in (groups[k] for k in build_order([g for _, g in groups])):
-        if not kind.can_pay(profile, len(group)) or not kind.build(builder, group):
+        if not kind.can_pay(context, len(group)) or not kind.build(builder, group):
             continue
         stats[f"batch-{kind.name}"] += len(group)
         outputs[f"batch-{kind.name}"].append(builder.outputs[-1])

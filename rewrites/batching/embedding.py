@@ -1,6 +1,14 @@
 """Lookups into tables of one width -> one lookup into the tables concatenated along rows.
 
-(Not in Inductor.) Each table's indices are shifted by its first row: the indices
+(Not in Inductor.) Built only when parameters are frozen (inference under
+Inductor's freezing): then the tables are concatenated once, at compile time.
+Otherwise the concatenation would copy every table on every step (and hold a
+second copy in memory), which never pays: the lookups stay apart, and Inductor
+fuses separate gathers into its generated code anyway. The concatenated tables
+are a second copy in memory even when frozen, so groups whose tables hold more
+than ``MAX_FROZEN_TABLE_BYTES`` are declined.
+
+Each table's indices are shifted by its first row: the indices
 are concatenated first and shifted by one elementwise op (``shift_segments``), so
 the shift is one kernel however many tables; it is an Op1, never a Unary: it
 depends on the position, so it must not be pushed into the cat's members. Only
@@ -25,9 +33,10 @@ from ...term import Cat, Id, Op1, Op2, Reshape, Slice, Term, Union, cons_list
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate, shapes_known
-from .kinds import BatchKind, register
+from .kinds import BatchContext, BatchKind, register
 
 _ATEN_EMBEDDING = ("weight", "input", "padding_idx", "scale_grad_by_freq", "sparse")
+MAX_FROZEN_TABLE_BYTES = 64 << 20  # a second copy of small tables only
 
 
 def embedding_slots(spec: OpSpec) -> tuple[int, int] | None:
@@ -65,6 +74,9 @@ class Embedding(BatchKind):
 
     name = "embedding"
 
+    def can_pay(self, context: BatchContext, n: int) -> bool:
+        return context.frozen
+
     def key(self, t: Translation, c: Candidate) -> tuple | None:
         """Plain lookups into 2-D tables of one width and dtype (indices of one dtype)."""
         spec = t.registry.specs.get(c.key)
@@ -87,6 +99,8 @@ class Embedding(BatchKind):
         rows = tuple(t.shapes[w][0] for w in tables)
         if t.dtypes[idxs[0]] == torch.int32 and sum(rows) >= 2**31:
             return False  # shifted indices would overflow
+        if sum(math.prod(t.shapes[w]) * t.dtypes[w].itemsize for w in tables) > MAX_FROZEN_TABLE_BYTES:
+            return False
         counts = [math.prod(t.shapes[idx]) for idx in idxs]
         starts = tuple(sum(counts[:k]) for k in range(len(counts)))
         width, total = t.shapes[tables[0]][1], sum(counts)

@@ -38,7 +38,7 @@ from ...term import Id, Op1, Op2, Op3, Union
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate
-from .kinds import BatchKind, register
+from .kinds import BatchContext, BatchKind, register
 from .linear import _is_linear
 
 
@@ -98,8 +98,8 @@ class GroupedLinear(BatchKind):
             return None
         return ("group_linear", dtype)
 
-    def can_pay(self, profile: Any, n: int) -> bool:
-        return group_linear_can_pay(profile, n)
+    def can_pay(self, context: BatchContext, n: int) -> bool:
+        return group_linear_can_pay(context.profile, n)
 
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         reg = b.t.registry

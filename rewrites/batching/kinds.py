@@ -13,11 +13,22 @@ fixes the order groups are built in).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What a kind may ask before building: the device profile (None: assume anything can
+    pay) and whether parameters are frozen (inference under Inductor's freezing: work on
+    parameters alone, such as a stack of weights, is done once at compile time)."""
+
+    profile: Any = None
+    frozen: bool = False
 
 
 class BatchKind:
@@ -33,9 +44,9 @@ class BatchKind:
         """Add the group's batched alternative to ``b``; False when the kind declines the group."""
         raise NotImplementedError
 
-    def can_pay(self, profile: Any, n: int) -> bool:
-        """Whether a group of ``n`` can cost less than its members under ``profile`` (None:
-        assume it can). A necessary condition only, checked before building."""
+    def can_pay(self, context: BatchContext, n: int) -> bool:
+        """Whether a group of ``n`` can cost less than its members (a necessary condition
+        only, checked before building)."""
         return True
 
 

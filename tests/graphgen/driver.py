@@ -8,15 +8,16 @@ request the graph Dynamo captures and ShapeProp metadata.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import operator
 from collections import Counter
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import ShapeProp
+
+from optimus_eqsat.run_support import single_thread
 
 from .builder import _DIM_CHOICES, _NUM_EMB, _Builder
 from .families import BUILDERS
@@ -127,21 +128,6 @@ def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> tup
     torch._dynamo.reset()
     ex = tuple(t.detach().clone() if not isinstance(t, torch.nn.Parameter) else t for t in captured["inputs"])
     return captured["gm"], ex
-
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch ops on one intra-op thread.
-
-    The tensors here are tiny; with a busy 2-core machine, intra-op thread
-    hand-offs made a 4x8 layer_norm take ~1 ms instead of ~4 us.
-    """
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def random_graph(

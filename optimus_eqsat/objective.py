@@ -1,0 +1,62 @@
+"""What one optimization minimizes: the step time on one device, in one mode.
+
+Resolved once per run from the options and the graph's inputs:
+
+- the device profile (``profile="auto"`` follows the example inputs' device:
+  the GPU by name, else this machine's calibrated CPU profile);
+- the mode (``mode="auto"``: a training step when grad mode is on and an input,
+  a parameter lifted to an input, or a module parameter requires grad; the
+  backend passes the mode of the compile it serves);
+- whether parameters are frozen (inference under Inductor's ``freezing``:
+  work on parameters alone is folded once at compile time, so a stack of
+  weights costs nothing per step; otherwise it is paid every step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+
+from .extract.cost_model import DeviceProfile, get_profile, profile_for_inputs
+
+MODES = ("auto", "inference", "training")
+
+
+def training_mode(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None) -> bool:
+    """Whether a step of ``gm`` on ``example_inputs`` is a training step (mode "auto")."""
+    if not torch.is_grad_enabled():
+        return False
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs or ()):
+        return True
+    return any(p.requires_grad for p in gm.parameters())
+
+
+def freezing_enabled() -> bool:
+    """Inductor's ``freezing`` config (parameters folded as constants in inference)."""
+    from torch._inductor import config
+
+    return bool(getattr(config, "freezing", False))
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The profile and mode a run prices programs with."""
+
+    profile: DeviceProfile
+    training: bool
+    frozen: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "training" if self.training else "inference"
+
+    @classmethod
+    def resolve(cls, profile: Any, mode: str, gm: torch.fx.GraphModule,
+                example_inputs: Sequence[Any] | None) -> "Objective":
+        """The objective for ``gm`` under the ``profile`` and ``mode`` options."""
+        name = profile_for_inputs(example_inputs) if isinstance(profile, str) and profile == "auto" else profile
+        training = training_mode(gm, example_inputs) if mode == "auto" else mode == "training"
+        return cls(get_profile(name), training, frozen=not training and freezing_enabled())
