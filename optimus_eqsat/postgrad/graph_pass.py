@@ -31,6 +31,7 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from ..api import OptimizeOptions, optimize_graph
+from ..extract.cost_model import profile_for_inputs
 from ..fx_graphs import copy_module
 from ..inductor_compat import first_line, is_dynamo_signal
 from ..report import OptimizeReport
@@ -77,6 +78,9 @@ def optimize_aten_graph(graph: torch.fx.Graph, **options: Any) -> OptimizeReport
         return None
     owner = graph.owning_module
     work = copy_module(owner) if owner is not None else _module_of(graph)
+    options = {**options, "mode": "inference"}  # each aten graph runs as it is: no autograd on top
+    if options.get("profile", "auto") == "auto":  # no example inputs: the fake inputs' device decides
+        options["profile"] = profile_for_inputs(inputs)
     optimized = optimize_graph(work, None, **options)
     report: OptimizeReport = optimized.meta["optimus_eqsat"]
     if report.fell_back or not report.changed:
