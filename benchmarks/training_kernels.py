@@ -94,8 +94,9 @@ def _patched(fn: Callable, config: dict[str, Any]) -> Callable:
     return call
 
 
-def step_times(model_name: str, profile: str, batch: int, budget_s: float) -> dict[str, float]:
-    """Median step seconds of every configuration, timed in interleaved rounds."""
+def step_times(model_name: str, profile: str, batch: int, budget_s: float) -> dict[str, tuple[float, float]]:
+    """Per configuration: (median step seconds, median over rounds of its ratio to Inductor's
+    step in the same round), timed in interleaved rounds (the machine's drift hits all alike)."""
     import torch
 
     from optimus_eqsat.guard import time_interleaved
@@ -106,7 +107,9 @@ def step_times(model_name: str, profile: str, batch: int, budget_s: float) -> di
         step()  # compile outside the timing
     rounds = time_interleaved(steps, budget_s=budget_s, min_rounds=10, max_rounds=200)
     torch._dynamo.reset()
-    return {config: statistics.median(times) for config, times in rounds.items()}
+    base = rounds["inductor"]
+    return {config: (statistics.median(times), statistics.median(t / b for t, b in zip(times, base)))
+            for config, times in rounds.items()}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -119,10 +122,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def time_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Median step times (ms) and their ratio to Inductor's."""
+    """Median step times (ms) and the median per-round ratio to Inductor's."""
     lines = ["| model | " + " | ".join(CONFIGS) + " |", "|" + "---|" * (len(CONFIGS) + 1)]
     for r in rows:
-        cells = [f"{r['time'][c] * 1e3:.3f} ({r['time'][c] / r['time']['inductor']:.2f}x)" for c in CONFIGS]
+        cells = [f"{r['time'][c][0] * 1e3:.2f} ({r['time'][c][1]:.2f}x)" for c in CONFIGS]
         lines.append("| " + " | ".join([r["model"], *cells]) + " |")
     return lines
 
@@ -144,11 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {config}: {row[config]} kernels ({seconds:.0f} s)", flush=True)
         if args.time:
             row["time"] = step_times(name, args.profile, args.batch, args.budget_s)
-            print(f"{name} step ms: " + ", ".join(f"{c} {t * 1e3:.3f}" for c, t in row["time"].items()), flush=True)
+            print(f"{name} step ms: " + ", ".join(f"{c} {t * 1e3:.2f} ({r:.2f}x)" for c, (t, r) in row["time"].items()),
+                  flush=True)
         rows.append(row)
     lines = table(rows)
     if args.time:
-        lines += ["", "Median training-step time, ms (ratio to inductor):", "", *time_table(rows)]
+        lines += ["", "Median training-step time, ms (median per-round ratio to inductor):", "", *time_table(rows)]
     print("\n".join(lines))
     command = (f"python -m benchmarks.training_kernels --models {args.models} --profile {args.profile} "
                f"--batch {args.batch}" + (f" --time --budget-s {args.budget_s}" if args.time else ""))
