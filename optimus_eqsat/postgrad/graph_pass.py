@@ -66,13 +66,15 @@ def graph_role(graph: torch.fx.Graph) -> str:
     return "backward" if tangents else "forward"
 
 
-def optimize_aten_graph(graph: torch.fx.Graph, **options: Any) -> OptimizeReport | None:
+def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = True,
+                        **options: Any) -> OptimizeReport | None:
     """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
 
     Returns the report, or None when the graph was skipped (symbolic shapes, or no fake
     inputs to lower with). The graph is rewritten only when the optimizer's program is
-    predicted to launch fewer kernels; on a failure it is left as it was and the
-    exception propagates."""
+    predicted to launch fewer kernels (``require_fewer_launches=False``: whenever the
+    optimizer keeps its program, as the fuzzer wants); on a failure it is left as it was
+    and the exception propagates."""
     inputs = fake_inputs(graph)
     if inputs is None:
         return None
@@ -85,7 +87,7 @@ def optimize_aten_graph(graph: torch.fx.Graph, **options: Any) -> OptimizeReport
     report: OptimizeReport = optimized.meta["optimus_eqsat"]
     if report.fell_back or not report.changed:
         return report
-    if report.launches_after >= report.launches_before:
+    if require_fewer_launches and report.launches_after >= report.launches_before:
         # Inductor's scheduler fuses an aten graph on its own: a program predicted to launch as
         # many kernels only reshuffles it, at the risk of a fusion the model does not see (seen:
         # batched bias sums of mmoe's pre-grad-batched backward, two more CPU kernels).
@@ -108,19 +110,21 @@ def _module_of(graph: torch.fx.Graph) -> torch.fx.GraphModule:
 class PostGradPass(CustomGraphPass):
     """``optimize_graph`` on every aten graph Inductor compiles (forward and backward).
 
-    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s. Reports are appended to
-    ``reports`` as ``(role, report)`` pairs, role "forward" or "backward"."""
+    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches``
+    :func:`optimize_aten_graph`'s. Reports are appended to ``reports`` as ``(role,
+    report)`` pairs, role "forward" or "backward"."""
 
-    def __init__(self, **options: Any):
+    def __init__(self, require_fewer_launches: bool = True, **options: Any):
         options.setdefault("raise_on_error", False)
         OptimizeOptions.from_kwargs(**options)  # a caller's mistake is an error here, not in the compile
         self.options = options
+        self.require_fewer_launches = require_fewer_launches
         self.reports: list[tuple[str, OptimizeReport]] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
         try:
-            report = optimize_aten_graph(graph, **self.options)
+            report = optimize_aten_graph(graph, self.require_fewer_launches, **self.options)
         except Exception as exc:
             if is_dynamo_signal(exc):
                 raise
@@ -134,4 +138,5 @@ class PostGradPass(CustomGraphPass):
 
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
-        return get_hash_for_files(files, repr(sorted((k, repr(v)) for k, v in self.options.items())))
+        settings = sorted((k, repr(v)) for k, v in self.options.items())
+        return get_hash_for_files(files, repr((settings, self.require_fewer_launches)))
