@@ -2,8 +2,11 @@
 
 Registered as ``optimus_eqsat`` through the ``torch_dynamo_backends`` entry
 point, so ``torch.compile(model, backend="optimus_eqsat")`` works without
-importing this package. The optimization runs on the pre-autograd graph, so
-training works: AOTAutograd inside Inductor differentiates the optimized graph.
+importing this package. The optimization runs twice: on Dynamo's pre-autograd
+graph (``pre_grad``), which AOTAutograd inside Inductor then differentiates, and
+as Inductor's post-grad pass on the aten graphs it compiles, forward and
+backward (``post_grad``, :mod:`optimus_eqsat.postgrad`), installed only around
+our own compile.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
-from .fx_graphs import copy_module
+from .fx_graphs import copy_module, op_count
 from .guard import FirstCallChoice, GuardResult
 from .inductor_compat import first_line, is_dynamo_signal
 from .report import OptimizeReport
@@ -37,32 +40,48 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       beyond the noise (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what
       was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
       timing on the first call;
-    - ``measure_budget_s`` (default 1.0): seconds of interleaved timing.
+    - ``measure_budget_s`` (default 1.0): seconds of interleaved timing;
+    - ``pre_grad=True``: optimize Dynamo's graph before AOTAutograd;
+    - ``post_grad=True``: optimize the aten graphs Inductor compiles, forward and
+      backward (Inductor's ``post_grad_custom_pre_pass``, patched around our compile
+      only); their reports go to ``backend.post_grad_reports`` as (role, report).
     """
     use_inductor = options.pop("inductor", True)
     measure = options.pop("measure", True)
     budget_s = options.pop("measure_budget_s", 1.0)
+    pre_grad = options.pop("pre_grad", True)
+    post_grad = options.pop("post_grad", True)
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
     # A caller's mistake (an unknown option, a missing or broken rule file) is an error
     # here, when the backend is made, not later inside the user's compile.
     OptimizeOptions.from_kwargs(**options)
 
+    post_reports: list[tuple[str, OptimizeReport]] = []
+
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
         original = copy_module(gm)
-        optimized = optimize_graph(gm, example_inputs, **options)
-        report = optimized.meta.get("optimus_eqsat")
-        if report is not None:
-            backend.reports.append(report)
+        optimized, report = gm, None
+        if pre_grad:
+            optimized = optimize_graph(gm, example_inputs, **options)
+            report = optimized.meta.get("optimus_eqsat")
+            if report is not None:
+                backend.reports.append(report)
         if not use_inductor:
             _log_report(report)
             return optimized
         from torch._inductor.compile_fx import compile_fx
 
-        if report is None or report.fell_back or not report.changed:
+        pre_changed = report is not None and not report.fell_back and report.changed
+        if not pre_changed and not post_grad:
             _log_report(report)
             return compile_fx(original, example_inputs)
-        compiled = _compile(compile_fx, optimized, example_inputs, report)
+        program = optimized if pre_changed else copy_module(original)
+        if report is None:  # pre_grad=False: the report of this compile holds the measurement
+            report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original))
+            backend.reports.append(report)
+        patches = post_grad_patches(options, post_reports) if post_grad else None
+        compiled = _compile(compile_fx, program, example_inputs, report, patches)
         if compiled is None:
             return compile_fx(original, example_inputs)
         if measure:
@@ -71,14 +90,30 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         return compiled
 
     backend.reports = []  # type: ignore[attr-defined]
+    backend.post_grad_reports = post_reports  # type: ignore[attr-defined]
     return backend
 
 
+def post_grad_patches(options: dict[str, Any], reports: list[tuple[str, OptimizeReport]]) -> dict[str, Any]:
+    """Inductor config patches that add our post-grad pass after any the user installed
+    (``compile_fx`` applies them to its lazily compiled backward too)."""
+    from torch._inductor import config
+
+    from .postgrad import PostGradPass
+
+    ours = PostGradPass(**options)
+    ours.reports = reports
+    theirs = config.post_grad_custom_pre_pass
+    passes = (*theirs, ours) if isinstance(theirs, (list, tuple)) else (theirs, ours) if theirs else ours
+    return {"post_grad_custom_pre_pass": passes}
+
+
 def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-             report: OptimizeReport) -> Callable | None:
-    """Inductor on the optimized graph; None (and a logged fallback) when Inductor fails on it."""
+             report: OptimizeReport, patches: dict[str, Any] | None = None) -> Callable | None:
+    """Inductor on the optimized graph (with our post-grad pass in ``patches``); None (and a
+    logged fallback) when Inductor fails on it."""
     try:
-        return compile_fx(gm, example_inputs)
+        return compile_fx(gm, example_inputs, config_patches=patches) if patches else compile_fx(gm, example_inputs)
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again

@@ -21,6 +21,7 @@ from .fxvocab import EXPAND_OPS, OP_KINDS, RESHAPE_OPS
 from .fxvocab import canonical_name  # noqa: F401  (re-exported: the translator's op names)
 from .term import Binary, Cat, Expand, Id, ListTerm, Op2, Op3, Permute, Reshape, Scalar, Slice, Term, Unary
 from .opspec import GATHER, MATMUL, POINTWISE
+from .tuple_ops import TUPLE_OPS, h_tuple_op
 
 
 class Unsupported(Exception):
@@ -390,7 +391,11 @@ ELEMENTWISE_UNARY = {
     "half", "bfloat16", "double", "int", "long", "bool", "type", "clone", "logit",
 }
 # Elementwise ops of several tensors.
-ELEMENTWISE_MULTI = {"where", "lerp", "addcmul", "addcdiv", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge"}
+ELEMENTWISE_MULTI = {"where", "lerp", "addcmul", "addcdiv", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge",
+                     "logical_and", "logical_or", "bitwise_and", "bitwise_or",
+                     # backward graphs (AOTAutograd without Inductor's decompositions), prims.fma
+                     "threshold_backward", "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward",
+                     "fma"}
 # Other pure, deterministic ops, with their cost-model kind (the vocabulary's;
 # opspec's kind strings are KernelKind values).
 GENERIC_KINDS = {name: OP_KINDS[name].value for name in (
@@ -430,10 +435,44 @@ def h_linear(ctx: Context, a: dict[str, Any]) -> Term:
     return Op3(key, x, w, ctx.ref(b))
 
 
+def _transpose_of(value: Any) -> torch.fx.Node | None:
+    """The 2-D tensor whose transpose ``value`` is (a ``t``, ``permute [1, 0]`` or
+    ``transpose(0, 1)`` node), else None."""
+    if not isinstance(value, torch.fx.Node) or not value.args or not isinstance(value.args[0], torch.fx.Node):
+        return None
+    name, rest = canonical_name(value), value.args[1:]
+    if name == "permute" and len(rest) == 1 and isinstance(rest[0], (list, tuple)):
+        rest = tuple(rest[0])
+    swap = (name == "t" and not rest and not value.kwargs) or \
+        (name == "permute" and tuple(rest) == (1, 0)) or \
+        (name == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1})
+    return value.args[0] if swap else None
+
+
+def _rank(ctx: Context, value: Any) -> int | None:
+    try:
+        return len(ctx.shape(value))
+    except Unsupported:
+        return None
+
+
+def h_mm(ctx: Context, a: dict[str, Any]) -> Term:
+    """mm(x, w.t()) is linear(x, w) (AOTAutograd's spelling of an nn.Linear and of its
+    input gradient), so the linear batch kinds see it; any other mm is a matmul."""
+    w = _transpose_of(a["mat2"])
+    if w is not None and _rank(ctx, w) == 2:
+        return Op2(ctx.named("linear", F.linear, 2, MATMUL), ctx.ref(a["input"]), ctx.ref(w))
+    return h_matmul(ctx, {"input": a["input"], "other": a["mat2"]})
+
+
 def h_addmm(ctx: Context, a: dict[str, Any]) -> Term:
-    """addmm(b, x, w) = b + x @ w (beta = alpha = 1 only)."""
+    """addmm(b, x, w) = b + x @ w (beta = alpha = 1 only); with w = v.t() and a 1-D b,
+    linear(x, v, b) (AOTAutograd's spelling of an nn.Linear)."""
     if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
         return ctx.generic(MATMUL)
+    v = _transpose_of(a["mat2"])
+    if v is not None and _rank(ctx, v) == 2 and _rank(ctx, a["input"]) == 1:
+        return Op3(ctx.named("linear_b", F.linear, 3, MATMUL), ctx.ref(a["mat1"]), ctx.ref(v), ctx.ref(a["input"]))
     mm = ctx.named("matmul", torch.matmul, 2, MATMUL)
     add = ctx.named("add", torch.add, 2, POINTWISE)
     return Binary(add, Op2(mm, ctx.ref(a["mat1"]), ctx.ref(a["mat2"])), ctx.ref(a["input"]))
@@ -465,12 +504,13 @@ HANDLERS: dict[str, tuple[list[str], dict[str, Any], Handler]] = {
     "cat": (["tensors", _DIM, "out"], {"dim": 0, "out": None}, h_cat),
     "stack": (["tensors", _DIM, "out"], {"dim": 0, "out": None}, h_stack),
     "contiguous": ([_X, "memory_format"], {"memory_format": None}, h_identity),
+    "alias": ([_X], {}, h_identity),  # aten graphs before Inductor's no-op removal
     "dropout": ([_X, "p", "training", "inplace"], {"p": 0.5, "training": True, "inplace": False}, h_dropout),
     "transpose": ([_X, "dim0", "dim1"], {}, h_transpose),
     "t": ([_X], {}, h_t),
     "movedim": ([_X, "source", "destination"], {}, h_movedim),
     "matmul": ([_X, "other"], {}, h_matmul),
-    "mm": ([_X, "mat2|other"], {}, lambda c, a: h_matmul(c, {"input": a["input"], "other": a["mat2"]})),
+    "mm": ([_X, "mat2|other"], {}, h_mm),
     "bmm": ([_X, "mat2|other"], {}, lambda c, a: h_matmul(c, {"input": a["input"], "other": a["mat2"]})),
     "linear": ([_X, "weight", "bias"], {"bias": None}, h_linear),
     "addmm": ([_X, "mat1", "mat2", "beta", "alpha"], {"beta": 1, "alpha": 1}, h_addmm),
@@ -492,6 +532,8 @@ for _name in ELEMENTWISE_MULTI:
     HANDLERS.setdefault(_name, ([], {}, h_generic(POINTWISE, elementwise=True)))
 for _name, _kind in GENERIC_KINDS.items():
     HANDLERS.setdefault(_name, ([], {}, h_generic(_kind)))
+for _name in TUPLE_OPS:  # items read by getitem users: one term per item
+    HANDLERS.setdefault(_name, ([], {}, h_tuple_op))
 
 # ---------------------------------------------------------------- modules
 # call_module nodes of symbolic_trace graphs become the functional op, with the

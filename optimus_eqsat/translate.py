@@ -31,6 +31,7 @@ from .fxvocab import ExampleInputError, check_example_inputs, record_shapes  # n
 from .fxvocab.symbolic import SymbolicSizes
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
 from .opspec import OpRegistry, OpSpec, Slot
+from .tuple_ops import TUPLE_OPS
 from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Term, Unary, Union, cons_list
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ class Translator:
             raise Unsupported(f"no handler for {name}")
         params, defaults, handler = HANDLERS[name]
         bound = bind(node, params, defaults) if params else {}
-        if name in ("split", "chunk", "unbind"):
+        if name in ("split", "chunk", "unbind") or name in TUPLE_OPS:
             self._check_piece_users(node)
         result = handler(self, bound)
         if isinstance(result, list):

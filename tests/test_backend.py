@@ -49,7 +49,7 @@ def test_inductor_failure_on_the_optimized_graph_falls_back_to_the_original(monk
 
     calls = []
 
-    def flaky_compile_fx(gm, example_inputs):
+    def flaky_compile_fx(gm, example_inputs, **_kwargs):  # compile_fx also takes config_patches
         calls.append(gm)
         if len(calls) == 1:
             raise RuntimeError("Inductor pattern failure")
@@ -71,7 +71,7 @@ def test_dynamo_restart_signals_pass_through_the_backend(monkeypatch):
     from torch._dynamo.exc import TensorifyScalarRestartAnalysis
     import torch._inductor.compile_fx as cfx
 
-    def restarting_compile_fx(gm, example_inputs):
+    def restarting_compile_fx(gm, example_inputs, **_kwargs):
         raise TensorifyScalarRestartAnalysis()  # empty message, as Inductor raises it
 
     monkeypatch.setattr(cfx, "compile_fx", restarting_compile_fx)
@@ -87,7 +87,7 @@ def test_fallback_message_of_an_empty_exception_does_not_crash(monkeypatch, capl
 
     calls = []
 
-    def failing_once(gm, example_inputs):
+    def failing_once(gm, example_inputs, **_kwargs):
         calls.append(gm)
         if len(calls) == 1:
             raise RuntimeError()  # no message at all

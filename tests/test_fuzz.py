@@ -171,6 +171,12 @@ def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, 
     checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
     checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
+    _compare(g, checks, upstream)
+    return result
+
+
+def _compare(g: GeneratedGraph, checks: list, upstream: list) -> None:
+    """Every (actual, expected, what, atol) close; a pair that is not is arbitrated in float64."""
     reference: list = []
     for k, (a, e, what, atol) in enumerate(checks):
         try:
@@ -181,7 +187,6 @@ def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, 
             reference = reference or _float64_reference(g, upstream)
             if not _no_less_accurate(a, e, reference[k]):
                 raise
-    return result
 
 
 def _float64_reference(g: GeneratedGraph, upstream: list) -> list[Optional[torch.Tensor]]:
@@ -226,6 +231,51 @@ def test_optimize_graph_matches_eager(flavour: str, seed: int) -> None:
     except Exception as e:  # attach the program to any failure
         raise AssertionError(_explain(flavour, seed, g)) from e
     assert "optimus_eqsat" in result.meta, "optimize_graph should report in result.meta['optimus_eqsat']"
+
+
+# ---------------------------------------------------------------------------
+# the post-grad pass: AOTAutograd's aten forward and backward of generated graphs
+# ---------------------------------------------------------------------------
+
+POST_GRAD_SEEDS = int(os.environ.get("OPTIMUS_FUZZ_POST_GRAD_SEEDS", "24"))
+_POST_GRAD_FLAVOURS = ("plain", "noparams", "opaque", "inplace")
+
+
+def check_post_grad(g: GeneratedGraph, **options: Any) -> list:
+    """AOTAutograd (Inductor's decompositions and partitioner) on a copy of ``g``, every
+    forward and backward aten graph through the post-grad pass, run eagerly; outputs and
+    gradients compared with ``g`` run eagerly. Returns the pass's reports."""
+    from optimus_eqsat.postgrad import PostGradPass
+    from optimus_eqsat.postgrad.capture import aot_eager_with_pass
+
+    optimizer = PostGradPass(require_fewer_launches=False, **options)
+    traced = copy.deepcopy(g.gm)
+    compiled = aot_eager_with_pass(traced, _leaves(g.example_inputs), optimizer)
+    eager_params = dict(g.gm.named_parameters())
+    out_e, gin_e, gpar_e, upstream = _run(g.gm, g.example_inputs, eager_params, None)
+    out_o, gin_o, gpar_o, _ = _run(compiled, g.example_inputs, dict(traced.named_parameters()), upstream)
+    assert len(out_o) == len(out_e)
+    checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
+    checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
+    checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
+    _compare(g, checks, upstream)
+    return optimizer.reports
+
+
+def _post_grad_cases() -> list[Any]:
+    return [pytest.param(f, s, id=f"{f}-{s}") for s in range(POST_GRAD_SEEDS)
+            for f in [_POST_GRAD_FLAVOURS[s % len(_POST_GRAD_FLAVOURS)]]]
+
+
+@pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
+@pytest.mark.parametrize("flavour,seed", _post_grad_cases())
+def test_post_grad_pass_matches_eager(flavour: str, seed: int) -> None:
+    g = make_case(flavour, seed)
+    try:  # never_worse=False: programs the cost model would refuse are checked too
+        reports = check_post_grad(g, **_fuzz_options(), never_worse=False)
+    except Exception as e:  # attach the program to any failure
+        raise AssertionError(_explain(flavour, seed, g)) from e
+    assert reports, "the pass saw no graph"
 
 
 # ---------------------------------------------------------------------------

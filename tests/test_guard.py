@@ -121,7 +121,7 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
 
     compiled = []
 
-    def fake_compile_fx(gm, example_inputs):
+    def fake_compile_fx(gm, example_inputs, **_kwargs):  # compile_fx also takes config_patches
         compiled.append(gm)  # first the optimized graph, then the original
         return gm
 

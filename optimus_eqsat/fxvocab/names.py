@@ -74,6 +74,11 @@ _ALIASES = {
 }
 
 
+# prims ops of post-grad graphs that are plain aten-like math (prims.fma: a * b + c). Other
+# prims stay unknown: some are random (prims.inductor_random) and must keep their order.
+_PRIMS = frozenset({"fma"})
+
+
 def canonical_name(node: torch.fx.Node) -> str | None:
     """The canonical op name of a call node, or None when the target is unknown.
 
@@ -88,7 +93,7 @@ def canonical_name(node: torch.fx.Node) -> str | None:
         if target in _OPERATOR_NAMES:
             return _OPERATOR_NAMES[target]
         if isinstance(target, torch._ops.OpOverload):
-            if target.namespace != "aten":
+            if target.namespace != "aten" and not (target.namespace == "prims" and target._opname in _PRIMS):
                 return None
             name = target._opname
         else:

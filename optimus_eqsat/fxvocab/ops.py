@@ -97,7 +97,7 @@ POINTWISE_OPS = frozenset({
     "repeat", "tile", "flip", "roll", "pad", "constant_pad_nd", "tril", "triu",
     "threshold_backward", "sigmoid_backward", "tanh_backward", "gelu_backward",
     "silu_backward", "native_dropout_backward", "hardswish_backward",
-    "leaky_relu_backward", "_native_batch_norm_legit_no_training",
+    "leaky_relu_backward", "_native_batch_norm_legit_no_training", "fma",
     # backward-graph fills and scatters into views: Inductor decomposes them
     # (slice_backward = new_zeros + slice_scatter) into masked pointwise code
     "new_zeros", "new_ones", "new_full",
@@ -144,6 +144,11 @@ OPAQUE_OPS = frozenset({
     "index_put", "scatter", "scatter_add", "scatter_reduce", "index_add",
     "nonzero", "unique", "multinomial",
 })
+# Scatters of backward graphs (embedding gradients: AOTAutograd's embedding_dense_backward,
+# which Inductor decomposes into a masked index_put with accumulate). Inductor lowers them to
+# a generated kernel of their own that inlines their pointwise producers (the masks, the
+# zero fill): priced as a reduction, which fuses the same way.
+SCATTER_OPS = frozenset({"index_put", "_unsafe_masked_index_put_accumulate", "embedding_dense_backward"})
 
 # Scalar / shape bookkeeping: no tensor work at all.
 NONE_OPS = frozenset({
@@ -156,11 +161,11 @@ NONE_OPS = frozenset({
 # Later entries win where a name is in two lists.
 OP_KINDS: dict[str, KernelKind] = {
     **{n: K.POINTWISE for n in POINTWISE_OPS},
-    **{n: K.REDUCTION for n in REDUCTION_OPS},
+    **{n: K.REDUCTION for n in REDUCTION_OPS | SCATTER_OPS},
     **{n: K.MATMUL for n in MATMUL_OPS},
     **{n: K.CAT for n in CAT_OPS},
     **{n: K.GATHER for n in GATHER_OPS},
-    **{n: K.OPAQUE for n in OPAQUE_OPS},
+    **{n: K.OPAQUE for n in OPAQUE_OPS - SCATTER_OPS},
     # lift_fresh_copy copies a constant Inductor folds
     **{n: K.VIEW for n in VIEW_OPS | ALLOCATION_OPS | {"lift_fresh_copy"}},
     **{n: K.NONE for n in NONE_OPS},

@@ -19,7 +19,13 @@ Covers Inductor's group_batch_fusion.py (numbered as in the coverage table of re
   batch_linear_lhs (23)        linears sharing one input -> one linear on concatenated weights (any widths)
   batch_layernorm (24)         same layer_norm      -> one layer_norm, stacked affine
   batch_tanh/sigmoid/relu (25, 30), batch_detach/nan_to_num/clamp/dropout (26),
-  batch_aten_add/sub/mul/div (29): any elementwise op (Unary/Scalar/Binary) of equal shapes
+  batch_aten_add/sub/mul/div (29): any elementwise op (Unary/Scalar/Binary, and where/fma/*_backward
+                               of backward graphs) of equal shapes; operands all members share broadcast
+  batch_linear_post_grad       aten mm/addmm of a transposed weight are linears (normalize.py): as above
+  (not in Inductor)            aten mm of equal shapes (weight gradients) -> one bmm, or one mm when the
+                               right operand is shared
+  (not in Inductor)            reductions over given dims (bias gradients, var_mean, amax) of equal
+                               shapes -> one reduction of the stack
   group_linear (28)            linears of any shapes (one dtype) -> one optimus_eqsat::grouped_linear
                                call (Triton grouped GEMM on CUDA, no fbgemm); members are getitems
   (not in Inductor)            plain embedding lookups into tables of one width and dtype -> one
@@ -51,7 +57,7 @@ from .views import cat_alternatives
 
 # The table of kinds, in the order their keys are computed (see kinds.py); importing
 # each module registers its kinds.
-from . import elementwise, linear, layer_norm, grouped_linear, embedding  # noqa: E402,F401  isort: skip
+from . import elementwise, linear, layer_norm, grouped_linear, embedding, matmul, reduction  # noqa: E402,F401  isort: skip
 from .grouped_linear import group_linear_can_pay  # noqa: E402
 
 MIN_GROUP = 2  # the cost model, not a threshold, decides whether a group pays

@@ -2,17 +2,50 @@
 
 Covers Inductor's batch_tanh/sigmoid/relu (25, 30), batch_detach/nan_to_num/
 clamp/dropout (26) and batch_aten_add/sub/mul/div (29): any Unary, Scalar or
-Binary op whose key is pointwise.
+Binary op whose key is pointwise; and the elementwise ops of several tensors
+that backward graphs hold (``where`` of a relu gradient, ``prims.fma`` of a
+softmax gradient, ``threshold_backward``, ``sigmoid_backward``, ...), which the
+translator keeps as Op2/Op3 terms.
+
+An operand every member shares (the zero of ``where(mask, 0, grad)``) is not
+stacked: elementwise ops broadcast, and a shared operand of at most the output's
+rank broadcasts against the stack's new leading dim exactly as against each member.
 """
 
 from __future__ import annotations
 
-from ...opspec import POINTWISE
-from ...term import CTORS, ELEMENTWISE_CTORS, Scalar
+from ...normalize import ELEMENTWISE_MULTI, ELEMENTWISE_UNARY
+from ...fxvocab import target_name
+from ...opspec import POINTWISE, OpSpec
+from ...term import CTORS, ELEMENTWISE_CTORS, Id, Scalar, Term
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate, shapes_known
 from .kinds import BatchKind, register
+
+_OP_CTORS = ("Op1", "Op2", "Op3")
+ELEMENTWISE_OP_NAMES = frozenset(ELEMENTWISE_UNARY | ELEMENTWISE_MULTI)
+
+
+def is_elementwise_op(spec: OpSpec | None) -> bool:
+    """Whether an op key's spec is an elementwise op of its tensors (broadcasting, no dims)."""
+    return spec is not None and spec.kind == POINTWISE and target_name(spec.target) in ELEMENTWISE_OP_NAMES
+
+
+def stacked_operands(b: BatchBuilder, group: list[Candidate], rank: int) -> list[Term] | None:
+    """Per operand position, the stack of the members' operands, or the operand itself
+    where every member shares it (broadcast); None when every operand is shared (the
+    members are one computation)."""
+    out: list[Term] = []
+    for k in range(len(group[0].operands)):
+        ids = [c.operands[k] for c in group]
+        if len(set(ids)) == 1 and len(b.t.shapes[ids[0]]) <= rank:
+            out.append(Id(ids[0]))
+        else:
+            out.append(b.stack(ids, rank)[0])
+    if all(isinstance(term, Id) and term.i == group[0].operands[k] for k, term in enumerate(out)):
+        return None
+    return out
 
 
 @register
@@ -21,19 +54,22 @@ class Elementwise(BatchKind):
 
     def key(self, t: Translation, c: Candidate) -> tuple | None:
         spec = t.registry.specs.get(c.key)
-        if not shapes_known(t, c) or c.ctor not in ELEMENTWISE_CTORS or spec is None \
-                or spec.kind != POINTWISE:
+        if not shapes_known(t, c) or spec is None or spec.kind != POINTWISE:
+            return None
+        if c.ctor not in ELEMENTWISE_CTORS and not (c.ctor in _OP_CTORS and is_elementwise_op(spec)):
             return None
         return (c.ctor, c.key, tuple(t.shapes[o] for o in c.operands), c.scalar_key, t.dtypes.get(c.node))
 
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         c0 = group[0]
         rank = len(b.t.shapes[c0.node])
-        stacks = [b.stack([c.operands[k] for c in group], rank)[0] for k in range(len(c0.operands))]
+        operands = stacked_operands(b, group, rank)
+        if operands is None:
+            return False
         out = (len(group),) + b.t.shapes[c0.node]
         if c0.ctor == "Scalar":
-            batched = b.new(Scalar(c0.key, stacks[0], c0.scalar))
+            batched = b.new(Scalar(c0.key, operands[0], c0.scalar))
         else:
-            batched = b.new(CTORS[c0.ctor].cls(c0.key, *stacks), out)
+            batched = b.new(CTORS[c0.ctor].cls(c0.key, *operands), out)
         b.unstack(batched, [c.node for c in group])
         return True

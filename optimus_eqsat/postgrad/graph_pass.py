@@ -1,0 +1,142 @@
+"""The optimizer as an Inductor post-grad pass: forward and backward aten graphs, in place.
+
+Inductor calls ``config.post_grad_custom_pre_pass`` once on the forward graph and
+once on the backward graph of every compile (the inference graph alone under
+no_grad), after AOTAutograd has made them functional aten and before its own
+post-grad passes. We hook the *pre* pass, not the post pass: what we write then
+goes through the same clean-ups as any AOTAutograd graph (no-op view removal,
+Inductor's pattern passes, reinplacing), and we see the graph as AOTAutograd
+made it, before Inductor's patterns fuse mm + bias or reorder it.
+
+:class:`PostGradPass` runs :func:`optimize_aten_graph`: the graph, copied into a
+GraphModule, goes through :func:`~optimus_eqsat.optimize_graph` with the same
+language, rules, cost model and extractor as the pre-grad graph; a changed
+program is retraced into functional aten (:mod:`.lowering`) and spliced into
+Inductor's graph. Any failure leaves the graph as it was (logged); Dynamo's
+restart signals pass through.
+
+Its :meth:`~PostGradPass.uuid` keys Inductor's FX graph cache: a hash of this
+package's source, rules and calibration files and of the options, so a cached
+program is reused only when our pass would write the same graph.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from ..api import OptimizeOptions, optimize_graph
+from ..extract.cost_model import profile_for_inputs
+from ..fx_graphs import copy_module
+from ..inductor_compat import first_line, is_dynamo_signal
+from ..report import OptimizeReport
+from .lowering import fake_inputs, lower_to_aten, splice
+
+log = logging.getLogger("optimus_eqsat")
+
+__all__ = ["PostGradPass", "optimize_aten_graph", "graph_role", "source_files"]
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def source_files(rule_files: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every file whose content decides what the pass writes: the package's Python
+    sources, rule files and calibration profiles (also rewrites/ and extract/ of a
+    checkout, which the package path reaches), and the user's rule files."""
+    import optimus_eqsat
+
+    files: set[str] = set()
+    for root in {Path(p).resolve() for p in optimus_eqsat.__path__}:
+        patterns = ("**/*",) if root == _PACKAGE else ("rewrites/**/*", "extract/**/*")
+        for pattern in patterns:
+            for path in root.glob(pattern):
+                if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts:
+                    files.add(str(path))
+    return tuple(sorted(files)) + tuple(str(Path(f).resolve()) for f in rule_files)
+
+
+def graph_role(graph: torch.fx.Graph) -> str:
+    """"backward" for an AOTAutograd backward graph (it reads tangents), else "forward"."""
+    tangents = any(n.op == "placeholder" and str(n.target).startswith("tangents") for n in graph.nodes)
+    return "backward" if tangents else "forward"
+
+
+def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = True,
+                        **options: Any) -> OptimizeReport | None:
+    """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
+
+    Returns the report, or None when the graph was skipped (symbolic shapes, or no fake
+    inputs to lower with). The graph is rewritten only when the optimizer's program is
+    predicted to launch fewer kernels (``require_fewer_launches=False``: whenever the
+    optimizer keeps its program, as the fuzzer wants); on a failure it is left as it was
+    and the exception propagates."""
+    inputs = fake_inputs(graph)
+    if inputs is None:
+        return None
+    owner = graph.owning_module
+    work = copy_module(owner) if owner is not None else _module_of(graph)
+    options = {**options, "mode": "inference"}  # each aten graph runs as it is: no autograd on top
+    if options.get("profile", "auto") == "auto":  # no example inputs: the fake inputs' device decides
+        options["profile"] = profile_for_inputs(inputs)
+    optimized = optimize_graph(work, None, **options)
+    report: OptimizeReport = optimized.meta["optimus_eqsat"]
+    if report.fell_back or not report.changed:
+        return report
+    if require_fewer_launches and report.launches_after >= report.launches_before:
+        # Inductor's scheduler fuses an aten graph on its own: a program predicted to launch as
+        # many kernels only reshuffles it, at the risk of a fusion the model does not see (seen:
+        # batched bias sums of mmoe's pre-grad-batched backward, two more CPU kernels).
+        report.fell_back = True
+        report.fallback_reason = (f"post-grad: no fewer launches predicted ({report.launches_before} -> "
+                                  f"{report.launches_after}); kept the graph")
+        return report
+    lowered = lower_to_aten(optimized, inputs)
+    splice(graph, lowered)
+    report.nodes_after = sum(1 for n in graph.nodes if n.op == "call_function")
+    return report
+
+
+def _module_of(graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    copy = torch.fx.Graph()
+    copy.output(copy.graph_copy(graph, {}))
+    return torch.fx.GraphModule(torch.nn.Module(), copy)
+
+
+class PostGradPass(CustomGraphPass):
+    """``optimize_graph`` on every aten graph Inductor compiles (forward and backward).
+
+    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches``
+    :func:`optimize_aten_graph`'s. Reports are appended to ``reports`` as ``(role,
+    report)`` pairs, role "forward" or "backward"."""
+
+    def __init__(self, require_fewer_launches: bool = True, **options: Any):
+        options.setdefault("raise_on_error", False)
+        OptimizeOptions.from_kwargs(**options)  # a caller's mistake is an error here, not in the compile
+        self.options = options
+        self.require_fewer_launches = require_fewer_launches
+        self.reports: list[tuple[str, OptimizeReport]] = []
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        role = graph_role(graph)
+        try:
+            report = optimize_aten_graph(graph, self.require_fewer_launches, **self.options)
+        except Exception as exc:
+            if is_dynamo_signal(exc):
+                raise
+            if self.options.get("raise_on_error"):
+                raise
+            log.warning("optimus_eqsat post-grad (%s): leaving the graph as it was: %s", role, first_line(exc, 400))
+            report = OptimizeReport(fell_back=True, fallback_reason=f"post-grad: {first_line(exc, 400)}")
+        if report is not None:
+            self.reports.append((role, report))
+            log.info("optimus_eqsat post-grad (%s):\n%s", role, report.summary())
+
+    def uuid(self) -> bytes:
+        files = source_files(tuple(self.options.get("rule_files", ())))
+        settings = sorted((k, repr(v)) for k, v in self.options.items())
+        return get_hash_for_files(files, repr((settings, self.require_fewer_launches)))
