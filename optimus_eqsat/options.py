@@ -1,0 +1,109 @@
+"""The options of :func:`~optimus_eqsat.optimize_graph`, checked when they are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from . import rewrites
+from .extract.cost_model import get_profile
+from .objective import MODES
+from .rulesets import DEFAULT_RULESETS, checked_rule_files, known_families, select_rulesets
+from .saturate import Limits
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    """Options of :func:`optimize_graph` (all keyword arguments).
+
+    Attributes:
+        rulesets: rule families to run, by name (unknown names are an error;
+            families not shipped yet are skipped). Default: all shipped.
+        rule_files: extra egglog rule files, each declaring one ruleset.
+        check_rules: test each rule of the rule files on random tensors when the options are
+            made (a quick check: few samples, a few seconds at most, cached per file content;
+            ``optimus-eqsat check-rules FILE.egg`` is the thorough one) and refuse an unsound
+            rule with ``rule_check.UnsoundRuleError`` naming it and the counterexample.
+            False skips the test.
+        max_iterations, max_enodes, time_limit_s: saturation limits.
+        batch_iterations: iterations of the second saturation, after the batch facts join
+            (their stacks meet the splits and cats around them within 5 on the benchmark
+            models; each later one mostly walks long cat runs again: 1 s apiece at 2,000
+            features).
+        extractor: "auto" (ILP when small enough, else greedy), "greedy" or "ilp".
+        ilp_time_limit_s: the ILP's own time limit.
+        profile: device profile of the step-time model: "auto" (the example inputs'
+            device), "h100", "h200", "a100", "cpu", or a ``DeviceProfile``.
+        mode: "auto" (training when grad mode is on and an input or parameter requires
+            grad), "inference" or "training": a training step also prices the backward.
+        raise_on_error: raise instead of falling back to the original graph.
+        never_worse: return the original when the cost model predicts the result slower.
+        refine_batches: re-extract without each kind of batch and keep the variant the
+            fusion-aware cost model (fx_cost) predicts fastest.
+        refine_time_limit_s: a refine variant is started only when it is expected to end
+            within this many seconds of refining (each variant is a greedy extraction and
+            a rebuild, expected to take as long as the main one when that was greedy; on
+            20,000-node graphs tens of seconds). The report lists the variants tried.
+        record_eclasses: count e-classes after every iteration into the saturation
+            history (costs a freeze of the e-graph each time; the explorer turns it on).
+    """
+
+    rulesets: tuple[str, ...] = DEFAULT_RULESETS
+    rule_files: tuple[str, ...] = ()
+    check_rules: bool = True
+    max_iterations: int = Limits.max_iterations
+    max_enodes: int | None = Limits.max_enodes
+    time_limit_s: float = Limits.time_limit_s
+    batch_iterations: int = 6
+    extractor: str = "auto"
+    ilp_time_limit_s: float = 10.0
+    profile: Any = "auto"  # str or extract.cost_model.DeviceProfile
+    mode: str = "auto"
+    raise_on_error: bool = False
+    never_worse: bool = True
+    refine_batches: bool = True
+    refine_time_limit_s: float = 10.0
+    record_eclasses: bool = False
+
+    @classmethod
+    def from_kwargs(cls, **options: Any) -> "OptimizeOptions":
+        known = {f.name for f in fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise TypeError(f"unknown optimize_graph option(s) {sorted(unknown)}; known: {sorted(known)}")
+        for name in ("rulesets", "rule_files"):
+            if name in options and isinstance(options[name], (str, Path)):
+                options[name] = (options[name],)
+            if name in options:
+                options[name] = tuple(str(v) for v in options[name])
+        opts = cls(**options)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        """Raise ValueError on option values that can never work (a caller's mistake, not a fallback)."""
+        known = known_families()
+        unknown = [name for name in self.rulesets if name not in known]
+        if unknown:
+            raise ValueError(f"unknown ruleset(s) {unknown}; shipped: {sorted(known)}")
+        if self.extractor not in ("auto", "greedy", "ilp"):
+            raise ValueError(f"unknown extractor {self.extractor!r}; choose auto, greedy or ilp")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; choose {', '.join(MODES)}")
+        try:
+            if self.profile != "auto":
+                get_profile(self.profile)
+        except KeyError as exc:
+            raise ValueError(str(exc)) from None
+        # a missing, broken or unsound file is the caller's mistake: an error naming it
+        checked_rule_files(self.rule_files, check_rules=self.check_rules)
+
+    def egglog_rulesets(self) -> list[rewrites.RuleSet]:
+        """The egglog programs a run loads (:func:`~optimus_eqsat.rulesets.select_rulesets`)."""
+        self.validate()  # options built directly, not through from_kwargs, are checked here too
+        return select_rulesets(self.rulesets, self.rule_files)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_iterations, self.max_enodes, self.time_limit_s)
