@@ -146,16 +146,21 @@ def test_lookups_are_batched_on_gpu():
     assert report.launches_after < report.launches_before
 
 
-def test_pooled_lookups_that_already_fuse_are_left_alone():
-    """Sum-pooled lookups whose indices are slices of one block: Inductor already runs them
-    as one fused kernel, so the batched lookup (three kernels) is declined."""
+def test_pooled_lookups_batch_with_their_pooling():
+    """Sum-pooled lookups whose indices are slices of one block (frozen tables): the batched
+    lookup pays only with its pooling batched too (one gather and one sum of the stack, which
+    Inductor fuses with the index shift: one kernel); a lookup batched alone, its sums apart,
+    would not."""
     model = Pooled()
     inputs = (torch.stack(indices(bag=3), dim=1), torch.randn(3, len(ROWS)))
     optimized = optimize(model, inputs, profile="h100")
     report = optimized.meta["optimus_eqsat"]
     assert report.batched.get("batch-embedding") == len(ROWS)
-    assert lookups(optimized) == len(ROWS)
-    assert report.launches_after <= report.launches_before
+    assert report.batched.get("batch-reduction") == len(ROWS)
+    assert lookups(optimized) == 1, optimized.code
+    sums = [n for n in optimized.graph.nodes if n.op == "call_method" and n.target == "sum"]
+    assert len(sums) == 1, optimized.code
+    assert report.launches_after < report.launches_before
 
 
 @pytest.mark.parametrize("flags", [{"padding_idx": 0}, {"scale_grad_by_freq": True}, {"max_norm": 1.0}])

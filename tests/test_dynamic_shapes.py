@@ -280,7 +280,7 @@ def test_embedding_lookups_batch_with_a_symbolic_batch():
         static, dynamic = (optimize_graph(*_capture(model, idx, dynamic=d), raise_on_error=True, profile="cpu")
                            for d in (False, True))
         s, d = static.meta["optimus_eqsat"], dynamic.meta["optimus_eqsat"]
-        assert d.batched == s.batched == {"batch-embedding": 5} and not d.dropped_batches
+        assert d.batched == s.batched and d.batched.get("batch-embedding") == 5 and not d.dropped_batches
         assert (d.launches_before, d.launches_after) == (s.launches_before, s.launches_after)
         assert any(n.target is shift_rows for n in dynamic.graph.nodes)
         backend = make_backend(inductor=False, profile="cpu", refine_batches=False, never_worse=False)
@@ -289,7 +289,7 @@ def test_embedding_lookups_batch_with_a_symbolic_batch():
         for batch in (16, 7, 256):
             x = torch.randint(0, 50, (batch, 5, 3))
             torch.testing.assert_close(compiled(x), model(x))
-    assert len(backend.reports) == 1 and backend.reports[0].batched == {"batch-embedding": 5}
+    assert len(backend.reports) == 1 and backend.reports[0].batched.get("batch-embedding") == 5
 
 
 # ---------------------------------------------------------------- codes and size expressions

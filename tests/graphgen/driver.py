@@ -110,9 +110,14 @@ def _ensure_grads(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> None:
     gm.recompile()
 
 
-def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> tuple[fx.GraphModule, tuple[torch.Tensor, ...]]:
+def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
+                    dynamic_batch: bool = False) -> tuple[fx.GraphModule, tuple[Any, ...]]:
     """Run the program through torch.compile and keep the graph Dynamo hands
-    its backend (torch-level, meta["example_value"] set; params become inputs)."""
+    its backend (torch-level, meta["example_value"] set; params become inputs).
+
+    dynamic_batch: dim 0 of every float input of size >= 2 may be symbolic
+    (``maybe_mark_dynamic``: Dynamo keeps it symbolic unless the program
+    specializes it); the graph then also takes the symbolic sizes as int inputs."""
     import torch._dynamo
 
     captured: dict[str, Any] = {}
@@ -123,11 +128,35 @@ def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> tup
         return g.forward
 
     torch._dynamo.reset()
-    compiled = torch.compile(gm, backend=backend, fullgraph=True, dynamic=False)
-    compiled(*[t.clone() for t in inputs])
+    args = [t.clone() for t in inputs]
+    if dynamic_batch:
+        for t in args:
+            if t.is_floating_point() and t.dim() >= 1 and t.shape[0] >= 2:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+    compiled = torch.compile(gm, backend=backend, fullgraph=True, dynamic=None if dynamic_batch else False)
+    compiled(*args)
     torch._dynamo.reset()
-    ex = tuple(t.detach().clone() if not isinstance(t, torch.nn.Parameter) else t for t in captured["inputs"])
+    ex = tuple(t.detach().clone() if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
+               else int(t.node.hint) if isinstance(t, torch.SymInt) else t
+               for t in captured["inputs"])
     return captured["gm"], ex
+
+
+def _in_dtype(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
+              dtype: torch.dtype) -> tuple[fx.GraphModule, tuple[torch.Tensor, ...]] | None:
+    """The program with its float parameters and inputs in ``dtype``; None when eager
+    cannot run it forward and backward in that dtype (an op without such a kernel)."""
+    low = gm.to(dtype)
+    ins = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+    try:
+        leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in ins]
+        outs = [o for o in low(*leaves) if o.requires_grad]
+        if outs:
+            torch.autograd.grad(sum(o.float().sum() for o in outs), [t for t in leaves if t.requires_grad] + list(low.parameters()),
+                                allow_unused=True)
+    except (RuntimeError, NotImplementedError):
+        return None
+    return low, ins
 
 
 def random_graph(
@@ -139,6 +168,8 @@ def random_graph(
     params: bool = True,
     with_meta: bool = False,
     dynamo: bool = False,
+    dynamic_batch: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> GeneratedGraph:
     """Build a random, valid FX program from ``seed`` (deterministic per arguments).
 
@@ -150,12 +181,17 @@ def random_graph(
     with_meta: run ShapeProp so every node has meta["tensor_meta"].
     dynamo: return instead the graph torch.compile's Dynamo captures from the
         eager module (placeholders then include the parameters).
+    dynamic_batch: with dynamo, dim 0 of the float inputs may stay symbolic.
+    dtype: the float dtype of parameters and inputs (the program is built and
+        checked in float32, then cast; it stays float32, said in the description,
+        when eager has no kernel for an op in that dtype).
     """
     with single_thread():
-        return _random_graph(seed, n_ops, opaque, inplace, params, with_meta, dynamo)
+        return _random_graph(seed, n_ops, opaque, inplace, params, with_meta, dynamo, dynamic_batch, dtype)
 
 
-def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bool, with_meta: bool, dynamo: bool) -> GeneratedGraph:
+def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bool, with_meta: bool, dynamo: bool,
+                  dynamic_batch: bool = False, dtype: torch.dtype = torch.float32) -> GeneratedGraph:
     b = _Builder(seed, opaque=opaque, inplace=inplace, params=params)
     _make_inputs(b)
     table = [(fn, w) for _, w, fn, need in BUILDERS if not need or (need == "opaque" and opaque) or (need == "inplace" and inplace)]
@@ -170,14 +206,23 @@ def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bo
     gm = fx.GraphModule(b.root, b.graph, class_name="GeneratedProgram")
     inputs = tuple(b.inputs)
     _ensure_grads(gm, inputs)
+    cast = dtype
+    if dtype != torch.float32:
+        low = _in_dtype(gm, inputs, dtype)
+        if low is None:
+            cast = torch.float32
+        else:
+            gm, inputs = low
     if dynamo:
-        gm, inputs = _dynamo_capture(gm, inputs)
+        gm, inputs = _dynamo_capture(gm, inputs, dynamic_batch)
     if with_meta:
         ShapeProp(gm).propagate(*[t.clone() for t in inputs])
     fams = Counter(b.fam)
     desc = (
         f"random_graph(seed={seed}, n_ops={n_ops}, opaque={opaque}, inplace={inplace}, params={params}, "
-        f"with_meta={with_meta}, dynamo={dynamo}): {len(gm.graph.nodes)} nodes; "
+        f"with_meta={with_meta}, dynamo={dynamo}, dynamic_batch={dynamic_batch}, dtype={dtype}"
+        + (f" (kept {cast}: eager lacks a kernel)" if cast != dtype else "")
+        + f"): {len(gm.graph.nodes)} nodes; "
         + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in sorted(fams.items()))
     )
     return GeneratedGraph(gm=gm, example_inputs=inputs, description=desc, families=fams)

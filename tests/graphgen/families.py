@@ -32,6 +32,8 @@ from .tangles import (
     b_permute_twice,
     b_pointwise_pieces_cat,
     b_reshape_chain,
+    b_residual,
+    b_scalar_chain,
     b_select_cat,
     b_shared_linears,
     b_split_cat,
@@ -90,6 +92,8 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("shared_linears", 1, b_shared_linears, ""),
     ("batch_layer_norms", 0.7, b_batch_layer_norms, ""),
     ("feature_classes", 0.7, b_feature_classes, ""),
+    ("scalar_chain", 1, b_scalar_chain, ""),
+    ("residual", 1, b_residual, ""),
     ("opaque", 2, b_opaque, "opaque"),
     ("inplace", 5, b_inplace, "inplace"),
 ]
@@ -124,6 +128,9 @@ ALL_FAMILIES: tuple[str, ...] = tuple(
         "tangle:shared_linears",
         "tangle:batch_layer_norms",
         "tangle:feature_classes",
+        "tangle:scalar_chain",
+        "tangle:scalar_chain_split_cat",
+        "tangle:residual",
     ]
     + [f"opaque:{k}" for k in ("cumsum", "flip", "roll", "sort", "wrapped", "topk", "max_dim")]
     + [f"inplace:{k}" for k in ("add_", "mul_", "copy_", "relu_")]

@@ -9,6 +9,7 @@ shape, and features of two widths sliced from one tensor.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -276,4 +277,49 @@ def b_feature_classes(b: _Builder) -> bool:
         outs.append(b.either(torch.relu, "relu", y) if i % 2 == 0 else b.either(torch.tanh, "tanh", y))
     b.tag("tangle:feature_classes")
     b.keep(_cat(b, outs, r - 1, r) if b.coin(0.7) else _stack(b, outs, 0, r))
+    return True
+
+
+def b_scalar_chain(b: _Builder) -> bool:
+    """A chain of tensor-scalar ops, as in scaled residuals (``x * c`` per layer), sometimes
+    split into pieces scaled apart and concatenated again (what blew saturation up once)."""
+    x = b.pick(_pos)
+    if x is None:
+        return False
+    ops = [
+        lambda y: b.fn(operator.mul, y, b.choice([0.5, 2.0, -1.25, 0.75])),
+        lambda y: b.fn(operator.truediv, y, b.choice([2.0, 4.0, 0.5])),
+        lambda y: b.fn(operator.add, y, b.choice([0.5, -1.0])),
+        lambda y: b.fn(operator.sub, y, 0.25),
+        lambda y: b.fn(operator.mul, b.choice([3.0, 0.25]), y),
+    ]
+    y = x
+    for _ in range(b.rng.randint(3, 8)):
+        y = b.choice(ops)(y)
+    d = b.split_dim(y)
+    if d is not None and b.coin(0.4):
+        sizes = b.composition(b.shape(y)[d])
+        pieces = b.dim_call(torch.split, "split", y, d, sizes)
+        scaled = [b.choice(ops)(b.getitem(pieces, i)) for i in range(len(sizes))]
+        y = _cat(b, scaled, d, len(b.shape(y)))
+        b.tag("tangle:scalar_chain_split_cat")
+    b.tag("tangle:scalar_chain")
+    b.keep(y)
+    return True
+
+
+def b_residual(b: _Builder) -> bool:
+    """Residual blocks ``h = h + c * f(h)`` (f: a square linear or an activation), nested."""
+    x = b.pick(_pos)
+    if x is None:
+        return False
+    h = x
+    for _ in range(b.rng.randint(1, 3)):
+        width = b.shape(h)[-1]
+        f = _linear(b, h, width, b.coin(0.7)) if b.coin(0.6) else _unary(b, h)
+        if b.coin(0.5):
+            f = b.fn(operator.mul, f, b.choice([0.5, 0.1]))
+        h = b.fn(operator.add, h, f)
+    b.tag("tangle:residual")
+    b.keep(h)
     return True
