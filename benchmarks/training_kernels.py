@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
 from benchmarks.methods import OPTIMUS_POST_GRAD, OPTIMUS_PRE_GRAD
 from benchmarks.zoo import MODELS
 from optimus_eqsat.inductor_count import count_inductor_kernels
@@ -39,11 +41,40 @@ CONFIGS = ("inductor", "inductor_optimus", "ours_pre", "ours_post", "ours_both")
 _OURS = {"ours_pre": (True, False), "ours_post": (False, True), "ours_both": (True, True)}
 
 
-def count(model_name: str, config: str, profile: str, batch: int) -> tuple[int, float]:
-    """(kernels of one training step, seconds the count took) of ``model_name`` under ``config``."""
+class PredictedLaunches(CustomGraphPass):
+    """Inductor's last post-grad pass: records the launches our cost model predicts (on
+    ``profile``) for each aten graph Inductor compiles, after every other pass (its own
+    Optimus passes, our post-grad pass)."""
+
+    def __init__(self, profile: str):
+        self.profile = profile
+        self.launches: list[int] = []
+
+    def __call__(self, graph: Any) -> None:
+        import torch
+
+        from optimus_eqsat.extract.fx_cost import predicted_launches
+
+        module = graph.owning_module or torch.fx.GraphModule(torch.nn.Module(), graph)
+        self.launches.append(predicted_launches(module, None, self.profile))
+
+    def uuid(self) -> bytes:
+        return f"predicted-launches-{self.profile}".encode()
+
+
+def count(model_name: str, config: str, profile: str, batch: int,
+          predict: str | None = None) -> tuple[int, float]:
+    """(kernels of one training step, seconds the count took) of ``model_name`` under
+    ``config``: Inductor's CPU output code, or with ``predict`` (a profile, also our
+    optimizer's then) the launches our cost model predicts for that device, forward plus
+    backward."""
     spec = MODELS[model_name]
     model, inputs = spec.build(), spec.inputs(batch, 0)
     kwargs: dict[str, Any] = {"training": True}
+    recorder = PredictedLaunches(predict) if predict else None
+    if recorder is not None:
+        kwargs["options"] = {"post_grad_custom_post_pass": recorder}
+        profile = predict
     if config == "inductor_optimus":
         kwargs["fusion_options"] = {**OPTIMUS_PRE_GRAD, **OPTIMUS_POST_GRAD}
     elif config in _OURS:
@@ -53,7 +84,8 @@ def count(model_name: str, config: str, profile: str, batch: int) -> tuple[int, 
         kwargs["backend"] = make_backend(pre_grad=pre, post_grad=post, measure=False, profile=profile)
     start = time.perf_counter()
     result = count_inductor_kernels(model, inputs, **kwargs)
-    return result.total, time.perf_counter() - start
+    total = sum(recorder.launches) if recorder is not None else result.total
+    return total, time.perf_counter() - start
 
 
 def compiled_step(model_name: str, config: str, profile: str, batch: int) -> Callable[[], None]:
@@ -137,13 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--time", action="store_true", help="also time a training step of each configuration")
     parser.add_argument("--budget-s", type=float, default=10.0, help="seconds of interleaved timing per model")
+    parser.add_argument("--predict", help="a device profile (e.g. h200): count the launches our cost model "
+                        "predicts for it (our optimizer then prices for it too) instead of Inductor's CPU kernels")
     parser.add_argument("--out", default="benchmarks/results/training_kernels.md")
     args = parser.parse_args(argv)
     rows = []
     for name in args.models.split(","):
         row: dict[str, Any] = {"model": name}
         for config in CONFIGS:
-            row[config], seconds = count(name, config, args.profile, args.batch)
+            row[config], seconds = count(name, config, args.profile, args.batch, args.predict)
             print(f"{name} {config}: {row[config]} kernels ({seconds:.0f} s)", flush=True)
         if args.time:
             row["time"] = step_times(name, args.profile, args.batch, args.budget_s)
@@ -155,10 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "Median training-step time, ms (median per-round ratio to inductor):", "", *time_table(rows)]
     print("\n".join(lines))
     command = (f"python -m benchmarks.training_kernels --models {args.models} --profile {args.profile} "
-               f"--batch {args.batch}" + (f" --time --budget-s {args.budget_s}" if args.time else ""))
+               f"--batch {args.batch}" + (f" --time --budget-s {args.budget_s}" if args.time else "")
+               + (f" --predict {args.predict}" if args.predict else "") + f" --out {args.out}")
+    what = (f"launches our cost model predicts on {args.predict}" if args.predict
+            else "Inductor, CPU output code")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("# Kernels of one training step (Inductor, CPU output code, forward + backward)\n\n"
+    out.write_text(f"# Kernels of one training step ({what}, forward + backward)\n\n"
                    f"Command: `{command}`\n\n" + "\n".join(lines) + "\n")
     return 0
 
