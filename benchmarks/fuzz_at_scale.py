@@ -7,9 +7,11 @@ checked again at a larger batch, bf16 and fp16), shares as in the unit test. Eve
 graph is optimized with errors raised (not fallen back from) and compared with eager:
 outputs, gradients of float inputs and of parameters.
 
-Each case ends in one of: ``changed`` / ``unchanged`` (checked, equal to eager),
-``fallback`` (the optimizer returned the original and said why: a predicted rise, a
-budget), ``mismatch`` (a value or gradient differs: a wrong program), ``crash`` (an
+The optimizer runs with ``never_worse=False`` (as in the unit test), so the program it
+builds is checked even where the cost model predicts it slower and the default would
+hand back the original (``predicted_slower`` counts those). Each case ends in one of:
+``changed`` / ``unchanged`` (checked, equal to eager), ``fallback`` (the optimizer
+returned the original and said why), ``mismatch`` (a value or gradient differs: a wrong program), ``crash`` (an
 exception out of the optimizer). The generator's own failures are counted apart.
 
     python -m benchmarks.fuzz_at_scale --graphs 10000 --out benchmarks/results/fuzz
@@ -83,6 +85,7 @@ def run_case(flavour: str, seed: int) -> dict[str, Any]:
     row["seconds"] = time.perf_counter() - start
     row["fx_nodes_after"] = len(result.graph.nodes)
     row["launches"] = [report.launches_before, report.launches_after]
+    row["predicted_slower"] = report.cost_after > report.cost_before * (1 + 1e-9)
     if report.fell_back:
         row |= {"outcome": "fallback", "reason": (report.fallback_reason or "")[:200]}
     else:
@@ -100,7 +103,7 @@ def summarize(rows: list[dict[str, Any]], command: str) -> str:
     for r in rows:
         by_flavour[r["flavour"]].append(r)
     lines = [f"# Differential fuzzing at scale: {len(rows)} graphs", "", f"Command: `{command}`", "",
-             "Each graph optimized with `raise_on_error=True` and compared with eager (outputs, gradients "
+             "Each graph optimized with `raise_on_error=True, never_worse=False` and compared with eager (outputs, gradients "
              "of float inputs and parameters; low precision against float64 arbitration).", "",
              "| flavour | graphs | " + " | ".join(OUTCOMES) + " | s/graph (median) | s/graph (max) | FX nodes (median before -> after) |",
              "|---" * (len(OUTCOMES) + 5) + "|"]
@@ -111,6 +114,9 @@ def summarize(rows: list[dict[str, Any]], command: str) -> str:
         after = [r["fx_nodes_after"] for r in rs if "fx_nodes_after" in r] or [0]
         lines.append(f"| {flavour} | {len(rs)} | " + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
                      + f" | {statistics.median(secs):.2f} | {max(secs):.1f} | {statistics.median(before):.0f} -> {statistics.median(after):.0f} |")
+    slower = sum(bool(r.get("predicted_slower")) for r in rows)
+    lines += ["", f"Predicted slower than the original (checked all the same; `never_worse`, on by default, "
+              f"would have returned the original): {slower} of {len(rows)}."]
     dyn = [r for r in rows if "second_batch_checked" in r]
     if dyn:
         lines += ["", f"Dynamic batch: {sum(r['second_batch_checked'] for r in dyn)} of {len(dyn)} graphs also "
