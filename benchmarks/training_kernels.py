@@ -73,7 +73,8 @@ def count(model_name: str, config: str, profile: str, batch: int,
     kwargs: dict[str, Any] = {"training": True}
     recorder = PredictedLaunches(predict) if predict else None
     if recorder is not None:
-        kwargs["options"] = {"post_grad_custom_post_pass": recorder}
+        # caches off: a cache hit would skip the post-grad passes, the recorder with them
+        kwargs["options"] = {"post_grad_custom_post_pass": recorder, "force_disable_caches": True}
         profile = predict
     if config == "inductor_optimus":
         kwargs["fusion_options"] = {**OPTIMUS_PRE_GRAD, **OPTIMUS_POST_GRAD}

@@ -193,13 +193,29 @@ class Fusion:
         self._consumers: dict[fx.Node, list[fx.Node]] = {}
 
     # -- data flow through views -------------------------------------------
+    def _view_source(self, node: fx.Node) -> fx.Node | None:
+        """The node a view reads (its first tensor argument); None when ``node`` is no view."""
+        if self.kinds[node] is not K.VIEW:
+            return None
+        src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if src is None and node.all_input_nodes:
+            src = node.all_input_nodes[0]
+        return src
+
     def _resolve_views(self) -> None:
+        # Walks each view chain down to its base rather than trusting node order: graphs
+        # after Inductor's own post-grad passes need not list a view after its source.
         for node in self.nodes:
-            src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-            if src is None and node.all_input_nodes:
-                src = node.all_input_nodes[0]
-            is_view = self.kinds[node] is K.VIEW and src is not None
-            self.base[node] = self.base[src] if is_view else node
+            chain, n = [], node
+            while n not in self.base:
+                src = self._view_source(n)
+                if src is None:
+                    self.base[n] = n
+                    break
+                chain.append(n)
+                n = src
+            for viewed in chain:
+                self.base[viewed] = self.base[n]
 
     def read_key(self, inp: fx.Node) -> fx.Node:
         """What reading ``inp`` touches: its base buffer when ``inp`` is (a whole
