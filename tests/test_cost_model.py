@@ -463,3 +463,19 @@ def test_pointwise_ops_are_priced_like_fused_elementwise():
     pad, relu, mm = (cost(c, eg.classes[c][0]) for c in (1, 2, 3))
     assert pad == pytest.approx(relu)
     assert pad < FUSED_LAUNCH_SHARE * launch * 1.01 < launch <= mm
+
+
+def test_views_listed_before_their_source_are_priced_as_in_order():
+    """Inductor's own post-grad passes (split_cat_aten) leave a view before the select it reads
+    (seen on ple's training graph): the fusion model follows the view to its base anyway."""
+    def fn(x):
+        return torch.relu(torch.select(x, 0, 1).unsqueeze(0) * 2)
+
+    gm = fx.symbolic_trace(fn)
+    x = torch.randn(3, 4)
+    before = [k.kind for k in predict_kernels(gm, (x,), "h200")]
+    select = next(n for n in gm.graph.nodes if n.target is torch.select)
+    unsqueeze = next(iter(select.users))
+    select.prepend(unsqueeze)
+    assert list(gm.graph.nodes).index(unsqueeze) < list(gm.graph.nodes).index(select)
+    assert [k.kind for k in predict_kernels(gm, (x,), "h200")] == before
