@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,19 +40,19 @@ def fitted_exponent(sizes: list[int], values: list[float]) -> float:
 def measure(name: str, size: int, extractor: str) -> dict:
     """One optimize_graph run of generator ``name`` at ``size`` FX nodes (building the graph not timed)."""
     gm, _ = GENERATORS[name](size)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     out = optimize_graph(gm, raise_on_error=True, extractor=extractor)
-    total = time.perf_counter() - start
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     r = out.meta["optimus_eqsat"]
     return {"generator": name, "fx_nodes": len(gm.graph.nodes), "enodes": r.enodes, "iterations": r.iterations,
-            "stop": r.stop_reason, "bans": sum(r.backoff_bans.values()), "phases": r.phase_seconds, "total": total,
+            "stop": r.stop_reason, "bans": sum(r.backoff_bans.values()), "phases": r.phase_seconds, "total": total, "cpu": cpu,
             "launches": f"{r.launches_before} -> {r.launches_after}"}
 
 
 def row(m: dict) -> str:
     phases = " | ".join(f"{m['phases'].get(p, 0):.2f}" for p in PHASES)
     return (f"| {m['generator']} | {m['fx_nodes']} | {m['enodes']} | {m['enodes'] / m['fx_nodes']:.1f} | "
-            f"{m['iterations']} | {m['stop']} | {m['bans']} | {phases} | {m['total']:.2f} | {m['launches']} |")
+            f"{m['iterations']} | {m['stop']} | {m['bans']} | {phases} | {m['total']:.2f} | {m['cpu']:.2f} | {m['launches']} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,30 +61,45 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"'all' or a comma list of: {', '.join(GENERATORS)}")
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--extractor", default="greedy")
+    parser.add_argument("--out", help="also write the tables (with the command and the machine's load) to this file")
     args = parser.parse_args(argv)
+    lines: list[str] = []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     names = list(GENERATORS) if args.generator == "all" else args.generator.split(",")
     unknown = [n for n in names if n not in GENERATORS]
     if unknown:
         parser.error(f"unknown generator(s) {unknown}; known: {', '.join(GENERATORS)}")
     sizes = [int(s) for s in args.sizes.split(",")]
-    print("| generator | FX nodes | e-nodes | e-nodes / FX node | iterations | stop | bans | "
-          + " | ".join(PHASES) + " | total s | launches before -> after |")
-    print("|---|" + "---|" * (len(PHASES) + 9))
+    emit("| generator | FX nodes | e-nodes | e-nodes / FX node | iterations | stop | bans | "
+         + " | ".join(PHASES) + " | total s | CPU s | launches before -> after |")
+    emit("|---|" + "---|" * (len(PHASES) + 10))
     runs: dict[str, list[dict]] = {}
     for name in names:
         for size in sizes:
             m = measure(name, size, args.extractor)
             runs.setdefault(name, []).append(m)
-            print(row(m), flush=True)
+            emit(row(m))
     if len(sizes) > 1:
-        print("\nFitted growth exponent vs FX nodes (1.0 = linear):\n")
-        print("| generator | total time | saturate time | e-nodes |")
-        print("|---|---|---|---|")
+        emit("\nFitted growth exponent vs FX nodes (1.0 = linear):\n")
+        emit("| generator | total time | CPU time | saturate time | e-nodes |")
+        emit("|---|---|---|---|---|")
         for name, ms in runs.items():
             nodes = [m["fx_nodes"] for m in ms]
-            print(f"| {name} | {fitted_exponent(nodes, [m['total'] for m in ms]):.2f} | "
-                  f"{fitted_exponent(nodes, [m['phases'].get('saturate', 0) for m in ms]):.2f} | "
-                  f"{fitted_exponent(nodes, [m['enodes'] for m in ms]):.2f} |")
+            emit(f"| {name} | {fitted_exponent(nodes, [m['total'] for m in ms]):.2f} | "
+                 f"{fitted_exponent(nodes, [m['cpu'] for m in ms]):.2f} | "
+                 f"{fitted_exponent(nodes, [m['phases'].get('saturate', 0) for m in ms]):.2f} | "
+                 f"{fitted_exponent(nodes, [m['enodes'] for m in ms]):.2f} |")
+    if args.out:
+        command = f"python -m benchmarks.bench_pipeline --generator {args.generator} --sizes {args.sizes} --extractor {args.extractor}"
+        head = [f"# Optimizer time on adversarial graphs", "", f"Command: `{command}`", "",
+                f"Load average when it ended: {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} "
+                "cores (total s is wall clock, CPU s this process's CPU time: on a loaded machine the wall "
+                "clock grows, the CPU time does not).", ""]
+        Path(args.out).write_text("\n".join(head + lines) + "\n")
     return 0
 
 
