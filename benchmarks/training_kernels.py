@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.time:
         lines += ["", "Median training-step time, ms (median per-round ratio to inductor):", "", *time_table(rows)]
     print("\n".join(lines))
-    command = (f"python -m benchmarks.training_kernels --models {args.models} --profile {args.profile} "
-               f"--batch {args.batch}" + (f" --time --budget-s {args.budget_s}" if args.time else "")
+    command = (f"python -m benchmarks.training_kernels --models {args.models} "
+               + ("" if args.predict else f"--profile {args.profile} ") + f"--batch {args.batch}" + (f" --time --budget-s {args.budget_s}" if args.time else "")
                + (f" --predict {args.predict}" if args.predict else "") + f" --out {args.out}")
     what = (f"launches our cost model predicts on {args.predict}" if args.predict
             else "Inductor, CPU output code")
