@@ -201,12 +201,13 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
     checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
-    _compare(g, checks, upstream)
+    _compare(g, checks, upstream, result)
 
 
-def _compare(g: GeneratedGraph, checks: list, upstream: list) -> None:
+def _compare(g: GeneratedGraph, checks: list, upstream: list, result: Optional[fx.GraphModule] = None) -> None:
     """Every (actual, expected, what, atol) close; a pair that is not is arbitrated in float64."""
     reference: list = []
+    exact: Optional[bool] = None
     for k, (a, e, what, atol) in enumerate(checks):
         try:
             _close(a, e, what, atol)
@@ -214,8 +215,41 @@ def _compare(g: GeneratedGraph, checks: list, upstream: list) -> None:
             # Ill-conditioned random programs (x**2 of a gram matrix, a layer norm over two
             # close values) make eager float32 itself inaccurate: arbitrate in float64.
             reference = reference or _float64_reference(g, upstream)
-            if not _no_less_accurate(a, e, reference[k]):
+            if _no_less_accurate(a, e, reference[k]):
+                continue
+            # Still further off (a reordered sum rounds differently: 2-10x eager's error was
+            # seen on gradients that eager itself gets only to 1e-4): the optimized program
+            # itself, run in float64, must then compute what the original does in float64.
+            if exact is None:
+                exact = result is not None and _same_in_float64(g, result, upstream, reference)
+            if not exact:
                 raise
+
+
+def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, reference: list) -> bool:
+    """``result`` run in float64 gives the float64 reference's outputs and gradients (to
+    1e-9 of their magnitude): the programs compute the same function, whatever float32
+    rounding does to each."""
+    try:
+        module = copy.deepcopy(result).double()
+        inputs = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in g.example_inputs]
+        ups = [u.double() if u.is_floating_point() else u for u in upstream]
+        names = [name for name, _ in g.gm.named_parameters()]
+        params = dict(module.named_parameters())
+        outs, gin, kept, _ = _run(module, inputs, {k: params[k] for k in names if k in params}, ups)
+    except Exception:
+        return False
+    by_name = dict(zip([k for k in names if k in params], kept))
+    ours = [*outs, *gin, *(by_name.get(k) for k in names)]
+    for a, e in zip(ours, reference):
+        if a is None and e is None:
+            continue
+        a = torch.zeros_like(e) if a is None else a.detach()
+        e = torch.zeros_like(a) if e is None else e.detach()
+        scale = max(1.0, float(e.abs().max())) if e.numel() else 1.0
+        if a.shape != e.shape or float((a - e).abs().max()) > 1e-9 * scale:
+            return False
+    return len(ours) == len(reference)
 
 
 def _float64_reference(g: GeneratedGraph, upstream: list) -> list[Optional[torch.Tensor]]:
@@ -341,7 +375,7 @@ def check_post_grad(g: GeneratedGraph, **options: Any) -> list:
     checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
     checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
-    _compare(g, checks, upstream)
+    _compare(g, checks, upstream)  # (the compiled aten program has no float64 twin to arbitrate with)
     return optimizer.reports
 
 
