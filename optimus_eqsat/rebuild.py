@@ -69,7 +69,9 @@ class Rebuilder:
             if i < len(t.gm.graph.nodes):
                 self.name_of_class[c] = i  # earliest original node of each class
         self.ordered = sorted(i for i in t.ordered if i in t.copied)
+        self.ordered_set = set(self.ordered)
         self.next_ordered = 0
+        self.last_ordered = -1  # the last side effect emitted
         self.aliases_input: set[torch.fx.Node] = set()
         # New nodes get names no original node has. Left to torch.fx, a new "add" after a
         # copied "add_5" counts up from 5 past every name already used (a counter the
@@ -229,6 +231,12 @@ class Rebuilder:
     def _emit(self, task: tuple[str, int]) -> None:
         kind, key = task
         if kind == "orig":
+            if key in self.ordered_set:
+                # Side effects keep their order; a program that needs a later one's
+                # value first cannot be written in that order (never emit it reordered).
+                if key < self.last_ordered:
+                    raise RebuildError(f"side effect {self.t.nodes[key].name} would follow a later one")
+                self.last_ordered = key
             self._copy_original(key)
             return
         new = self._emit_term(self._chosen(key))
