@@ -150,22 +150,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shard", default="1/1", help="K/N: run every N-th case from the K-th")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz")
     ap.add_argument("--merge", action="store_true", help="only write summary.md from the shards' files")
+    ap.add_argument("--reverse", action="store_true",
+                    help="a helper for a running shard: take its cases from the end (own file), stop where they meet")
     args = ap.parse_args(argv)
     logging.getLogger("optimus_eqsat").setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
     k, n = (int(v) for v in args.shard.split("/"))
     command = f"python -m benchmarks.fuzz_at_scale --graphs {args.graphs}" + (f" (shards 1/{n}..{n}/{n})" if n > 1 else "")
     if not args.merge:
-        path = args.out / f"cases-{k}-of-{n}.jsonl"
-        done = {(r["flavour"], r["seed"]) for r in _read([path])}
+        forward = args.out / f"cases-{k}-of-{n}.jsonl"
+        path = args.out / f"cases-{k}-of-{n}-reverse.jsonl" if args.reverse else forward
+        done = {(r["flavour"], r["seed"]) for r in _read([forward, path])}
         todo = [c for i, c in enumerate(plan(args.graphs)) if i % n == k - 1 and c not in done]
+        if args.reverse:
+            todo.reverse()
         with single_thread(), path.open("a") as f:
             for i, (flavour, seed) in enumerate(todo):
+                if args.reverse and (flavour, seed) in {(r["flavour"], r["seed"]) for r in _read([forward])}:
+                    break  # met the shard it helps
                 f.write(json.dumps(run_case(flavour, seed)) + "\n")
                 f.flush()
                 if i % 100 == 0:
                     print(f"{time.strftime('%H:%M:%S')} {i}/{len(todo)}", flush=True)
-    rows = _read(sorted(args.out.glob("cases-*-of-*.jsonl")))
+    rows = list({(r["flavour"], r["seed"]): r for r in _read(sorted(args.out.glob("cases-*-of-*.jsonl")))}.values())
     (args.out / "summary.md").write_text(summarize(rows, command))
     print(summarize(rows, command))
 
