@@ -97,7 +97,7 @@ def _reason_key(reason: str) -> str:
     return reason.split("(")[0].split(":")[0].strip()[:80] or "?"
 
 
-def summarize(rows: list[dict[str, Any]], command: str) -> str:
+def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None) -> str:
     """The summary table (markdown)."""
     by_flavour: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -128,6 +128,13 @@ def summarize(rows: list[dict[str, Any]], command: str) -> str:
     reasons = Counter(_reason_key(r.get("reason", "")) for r in rows if r["outcome"] == "fallback")
     if reasons:
         lines += ["", "Fallback reasons:", ""] + [f"- {n} x {k}" for k, n in reasons.most_common()]
+    first = _read([out / "first_pass_failures.jsonl"]) if out is not None else []
+    if first:
+        lines += ["", "First pass: these cases failed and were run again after the fixes they led to "
+                  "(their rows above are the second run; tests/test_fuzz.py::test_cases_found_at_scale "
+                  "keeps them):", ""]
+        lines += [f"- {r['flavour']}-{r['seed']} {r['outcome']}: {r.get('error', '').strip().splitlines()[-1][:200]}"
+                  for r in first]
     bad = [r for r in rows if r["outcome"] in ("mismatch", "crash", "generator_error")]
     if bad:
         lines += ["", "Failures (reproduce: `make_case(flavour, seed)` in tests/test_fuzz.py):", ""]
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.merge:
         forward = args.out / f"cases-{k}-of-{n}.jsonl"
         path = args.out / f"cases-{k}-of-{n}-reverse.jsonl" if args.reverse else forward
-        done = {(r["flavour"], r["seed"]) for r in _read([forward, path])}
+        done = {(r["flavour"], r["seed"]) for r in _read([forward, forward.with_name(f"cases-{k}-of-{n}-reverse.jsonl")])}
         todo = [c for i, c in enumerate(plan(args.graphs)) if i % n == k - 1 and c not in done]
         if args.reverse:
             todo.reverse()
@@ -173,8 +180,8 @@ def main(argv: list[str] | None = None) -> None:
                 if i % 100 == 0:
                     print(f"{time.strftime('%H:%M:%S')} {i}/{len(todo)}", flush=True)
     rows = list({(r["flavour"], r["seed"]): r for r in _read(sorted(args.out.glob("cases-*-of-*.jsonl")))}.values())
-    (args.out / "summary.md").write_text(summarize(rows, command))
-    print(summarize(rows, command))
+    (args.out / "summary.md").write_text(summarize(rows, command, args.out))
+    print(summarize(rows, command, args.out))
 
 
 if __name__ == "__main__":

@@ -502,12 +502,12 @@ def test_harness_catches_mutated_input_module() -> None:
 
 
 @pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
-@pytest.mark.parametrize("flavour,seed", [("inplace", 1104), ("inplace", 687), ("plain", 2293)])
+@pytest.mark.parametrize("flavour,seed", [("inplace", 1104), ("inplace", 687), ("plain", 2293), ("opaque", 712)])
 def test_cases_found_at_scale(flavour: str, seed: int) -> None:
     """Graphs the 10,000-graph run flagged. inplace-1104: a batched linear whose members sat
     before and after a run of in-place ops on one buffer made the rebuild emit those ops in
     reverse (batch groups now share the side effects before them, and the rebuild refuses
-    to reorder side effects). inplace-687, plain-2293: float32 rounding of reordered sums
+    to reorder side effects). inplace-687, plain-2293, opaque-712: float32 rounding of reordered sums
     on ill-conditioned gradients, exact in float64."""
     g = make_case(flavour, seed)
     try:
