@@ -32,7 +32,7 @@ from .fxvocab.symbolic import SymbolicSizes
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
 from .opspec import OpRegistry, OpSpec, Slot
 from .tuple_ops import TUPLE_OPS
-from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Term, Unary, Union, cons_list
+from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Scalar, Term, Unary, Union, cons_list
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,9 @@ class Translator:
         return t
 
     def _emit(self, i: int, term: Term) -> None:
+        if self._shape_disagrees(i, term):
+            self._opaque(i, "its recorded shape is not its operand's", ordered=False)
+            return
         self.t.facts.append(Union(Id(i), term))
         self.t.terms[i] = term
         self.t.status[i] = "term"
@@ -264,6 +267,16 @@ class Translator:
         # along a chain they take one saturation step per node (quadratic on deep graphs).
         if i in self.t.shapes:
             self.t.facts.append(KnownShape(Id(i), self.t.shapes[i]))
+
+    def _shape_disagrees(self, i: int, term: Term) -> bool:
+        """An elementwise op of one tensor whose recorded shape is not its operand's. Dynamo's
+        meta can give a value a concrete size where its operand has a symbolic one of the same
+        hint; the shape rules would derive the operand's and egglog refuses two shapes for one
+        value, so such a node stays opaque."""
+        if not isinstance(term, (Unary, Scalar)) or not isinstance(term.x, Id):
+            return False
+        shapes = self.t.shapes
+        return i in shapes and term.x.i in shapes and tuple(shapes[i]) != tuple(shapes[term.x.i])
 
     def _leaf(self, i: int) -> None:
         self.t.status[i] = "leaf"

@@ -502,13 +502,15 @@ def test_harness_catches_mutated_input_module() -> None:
 
 
 @pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
-@pytest.mark.parametrize("flavour,seed", [("inplace", 1104), ("inplace", 687), ("plain", 2293), ("opaque", 712)])
+@pytest.mark.parametrize("flavour,seed", [("inplace", 1104), ("inplace", 687), ("plain", 2293), ("opaque", 712), ("dynamic", 104)])
 def test_cases_found_at_scale(flavour: str, seed: int) -> None:
     """Graphs the 10,000-graph run flagged. inplace-1104: a batched linear whose members sat
     before and after a run of in-place ops on one buffer made the rebuild emit those ops in
     reverse (batch groups now share the side effects before them, and the rebuild refuses
     to reorder side effects). inplace-687, plain-2293, opaque-712: float32 rounding of reordered sums
-    on ill-conditioned gradients, exact in float64."""
+    on ill-conditioned gradients, exact in float64. dynamic-104: Dynamo gave a value a
+    concrete size where its operand's is symbolic (egglog refused the two shapes); such a
+    node now stays opaque."""
     g = make_case(flavour, seed)
     try:
         check_optimizer(optimize_graph, g, FLAVOURS[flavour][2], **_fuzz_options())
