@@ -65,12 +65,18 @@ class EGraphCost:
     (``ExportedEGraph.input_classes``), whose list cells cost nothing;
     ``list_lengths`` the fewest members each list class can hold
     (``ExportedEGraph.list_lengths``): cells of lists of at most 8 are free.
+    ``constant_classes`` (``ExportedEGraph.constant_classes`` of the parameters, given
+    when parameter-only work is done once: frozen or cached inference): a node computing
+    one of them from such classes alone costs nothing per step (a view's share, so that
+    of two free programs the smaller is kept).
     """
 
     def __init__(self, shapes: dict[int, tuple[int, ...]], op_kind: Callable[[str], str],
                  profile: str | DeviceProfile = "h100", input_classes: Collection[int] = frozenset(),
-                 list_lengths: dict[int, int] | None = None, training: bool = False):
+                 list_lengths: dict[int, int] | None = None, training: bool = False,
+                 constant_classes: Collection[int] = frozenset()):
         self.training = training
+        self.constant_classes = constant_classes
         self.shapes = shapes
         self.input_classes = input_classes
         self.list_lengths = list_lengths or {}
@@ -81,6 +87,8 @@ class EGraphCost:
         return DEFAULT_ITEMSIZE * sum(_numel(self.shapes.get(c)) for c in classes)
 
     def __call__(self, c: int, node) -> float:
+        if c in self.constant_classes and all(k in self.constant_classes for k in node.children):
+            return VIEW_COST
         forward = self._forward(c, node)
         return forward * self._backward_factor(node) if self.training else forward
 

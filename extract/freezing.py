@@ -18,14 +18,14 @@ which they are ``get_attr`` constants, so any launch predictor
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
 from optimus_eqsat.fxvocab import RANDOM_OPS, fetch_attr
 
-__all__ = ["fold_parameters", "parameter_placeholders"]
+__all__ = ["fold_parameters", "outermost", "parameter_placeholders", "parameter_values"]
 
 # Ops whose output is not a pure function of their inputs (matched as words of
 # the target's name, so "rand" also stands for "randint"): never folded.
@@ -44,24 +44,23 @@ def _impure(node: fx.Node) -> bool:
         or name.endswith("_") and not name.endswith("__")
 
 
-def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
-    """A copy of ``gm`` with every node computed from parameters alone replaced by a constant.
+def parameter_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:
+    """Every node of ``gm`` computed from parameters alone, with its value on ``example_inputs``.
 
     Parameters are the placeholders whose example input is an ``nn.Parameter``
-    and the module's own ``get_attr`` tensors. Only the outermost folded values
-    (those read by a node that is not folded) become constants; the rest is dead
-    code and removed. The input graph is untouched.
+    and the module's own ``get_attr`` tensors; a call is included when it is pure
+    (no randomness, no mutation) and all its inputs are included. Values are
+    computed without gradients; the graph is untouched.
     """
-    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    placeholders = [n for n in out.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values: dict[fx.Node, Any] = {}
     for node, value in zip(placeholders, example_inputs):
         if isinstance(value, torch.nn.Parameter):
             values[node] = value.detach()
-    for node in out.graph.nodes:
+    for node in gm.graph.nodes:
         if node.op == "get_attr":
             if isinstance(node.target, str):
-                values[node] = fetch_attr(out, node.target)
+                values[node] = fetch_attr(gm, node.target)
             continue
         if node.op != "call_function" and node.op != "call_method" or _impure(node):
             continue
@@ -75,17 +74,34 @@ def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.Gra
                 values[node] = node.target(*args, **kwargs)
             else:
                 values[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
-    # Replace the outermost folded values: those with a user that is not folded.
-    count = 0
-    for node in list(out.graph.nodes):
-        if node not in values or node.op in ("placeholder", "get_attr"):
-            continue
-        value = values[node]
-        if not isinstance(value, torch.Tensor) or all(u in values for u in node.users):
-            continue
+    return values
+
+
+def outermost(values: dict[fx.Node, Any]) -> list[fx.Node]:
+    """The computed tensors of ``values`` (:func:`parameter_values`) read by a node outside it,
+    in graph order: what the rest of the graph needs of the parameter-only work."""
+    return [node for node, value in values.items()
+            if node.op not in ("placeholder", "get_attr") and isinstance(value, torch.Tensor)
+            and not all(u in values for u in node.users)]
+
+
+def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                    select: Callable[[fx.GraphModule, Sequence[Any], dict], set] | None = None) -> fx.GraphModule:
+    """A copy of ``gm`` with every node computed from parameters alone replaced by a constant.
+
+    Only the outermost folded values (:func:`outermost`) become constants; the rest
+    is dead code and removed. ``select(graph, example_inputs, values)``, when given,
+    picks the nodes that may be folded (e.g. what a cache keeps: ``parameter_cache``).
+    The input graph is untouched.
+    """
+    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    values = parameter_values(out, example_inputs)
+    if select is not None:
+        chosen = select(out, example_inputs, values)
+        values = {n: v for n, v in values.items() if n in chosen}
+    for count, node in enumerate(outermost(values)):
         name = f"_frozen_{count}"
-        count += 1
-        out.register_buffer(name, value.contiguous())
+        out.register_buffer(name, values[node].contiguous())
         with out.graph.inserting_before(node):
             const = out.graph.get_attr(name)
         const.meta = dict(node.meta)

@@ -14,6 +14,7 @@ from .egraph_export import export
 from .extract.egraph import ExtractionGraph
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
+from .extract.freezing import parameter_placeholders
 from .extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from .extract.refine import refine_run
 from .fx_graphs import copy_module, has_fake_meta, op_count, predict
@@ -99,7 +100,8 @@ class OptimizationRun:
         self.options = options or OptimizeOptions()
         self.rulesets = None if rulesets is None else list(rulesets)
         self.report = report or OptimizeReport(nodes_before=op_count(gm))
-        self.objective = Objective.resolve(self.options.profile, self.options.mode, gm, example_inputs)
+        self.objective = Objective.resolve(self.options.profile, self.options.mode, gm, example_inputs,
+                                            self.options.cached_parameters)
         self.report.mode, self.report.profile = self.objective.mode, self.objective.profile.name
 
     def optimize(self) -> torch.fx.GraphModule:
@@ -139,8 +141,18 @@ class OptimizationRun:
         shapes = self.egraph.shapes
         if t.symbols:  # symbolic sizes are priced at their example value
             shapes = {c: t.symbols.hinted(s) for c, s in shapes.items()}
+        constants = self.egraph.constant_classes(self._parameter_ids()) if self.objective.parameter_work_once \
+            else frozenset()
         self.cost = EGraphCost(shapes, lambda key: t.registry.specs[key].kind, self.objective.profile,
-                               self.egraph.input_classes(), self.egraph.list_lengths(), self.objective.training)
+                               self.egraph.input_classes(), self.egraph.list_lengths(), self.objective.training,
+                               constants)
+
+    def _parameter_ids(self) -> set[int]:
+        """Ids of the translation's parameters: lifted to inputs (Dynamo), module attributes
+        (get_attr) and parameters of call_module nodes (the translation's parameter leaves)."""
+        t = self.translation
+        lifted = parameter_placeholders(t.gm, self.example_inputs or ())
+        return {i for n, i in t.index.items() if n in lifted or n.op == "get_attr"} | set(t.param_leaves)
 
     @property
     def roots(self) -> list[int]:

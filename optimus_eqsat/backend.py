@@ -22,6 +22,8 @@ from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
 from .guard import FirstCallChoice, GuardResult
 from .inductor_compat import first_line, is_dynamo_signal
+from .objective import freezing_enabled
+from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work
 from .report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
@@ -44,13 +46,19 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     - ``pre_grad=True``: optimize Dynamo's graph before AOTAutograd;
     - ``post_grad=True``: optimize the aten graphs Inductor compiles, forward and
       backward (Inductor's ``post_grad_custom_pre_pass``, patched around our compile
-      only); their reports go to ``backend.post_grad_reports`` as (role, report).
+      only); their reports go to ``backend.post_grad_reports`` as (role, report);
+    - ``cache_parameters=True``: in inference, work on parameters alone (the stacks of
+      batched weights) runs once and again only when a parameter changes, not every
+      step: the parameters move into the stacks' storage (values unchanged), so the stacks
+      follow every write to them (:mod:`optimus_eqsat.parameter_cache`; the optimizer prices
+      it so). ``report.parameter_packs`` counts those stacks.
     """
     use_inductor = options.pop("inductor", True)
     measure = options.pop("measure", True)
     budget_s = options.pop("measure_budget_s", 1.0)
     pre_grad = options.pop("pre_grad", True)
     post_grad = options.pop("post_grad", True)
+    options.setdefault("cached_parameters", options.pop("cache_parameters", True))
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
     # A caller's mistake (an unknown option, a missing or broken rule file) is an error
     # here, when the backend is made, not later inside the user's compile.
@@ -81,7 +89,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original))
             backend.reports.append(report)
         patches = post_grad_patches(options, post_reports) if post_grad else None
-        compiled = _compile(compile_fx, program, example_inputs, report, patches)
+        # (under Inductor's freezing, Inductor folds that work itself)
+        cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
+            and not freezing_enabled()
+        compiled = _compile_program(compile_fx, program, example_inputs, report, patches, cache)
         if compiled is None:
             return compile_fx(original, example_inputs)
         if measure:
@@ -123,6 +134,32 @@ def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Seq
         log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
                     first_line(exc))
         report.fell_back, report.fallback_reason = True, f"Inductor: {type(exc).__name__}: {exc}"[:500]
+        return None
+
+
+def _compile_program(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                     report: OptimizeReport, patches: dict[str, Any] | None, cache: bool) -> Callable | None:
+    """Inductor on the chosen program; with ``cache``, cut first at its parameter-only work,
+    which then runs once (:class:`.parameter_cache.CachedParameterWork`). None on failure."""
+    work = _parameter_work(gm, example_inputs) if cache else None
+    if work is None:
+        return _compile(compile_fx, gm, example_inputs, report, patches)
+    compiled = _compile(compile_fx, work.main, [*work.example_values, *example_inputs], report, patches)
+    if compiled is None:
+        return None
+    report.parameter_packs = len(work.packs)
+    return CachedParameterWork(work, compiled)
+
+
+def _parameter_work(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> ParameterWork | None:
+    """``gm`` cut at its parameter-only work, which a cache runs once (:mod:`.parameter_cache`);
+    None when there is none to cut or the cut fails (the graph is then compiled whole)."""
+    try:
+        return split_parameter_work(gm, example_inputs)
+    except Exception as exc:
+        if is_dynamo_signal(exc):
+            raise
+        log.info("optimus_eqsat: parameter work not cached (%s)", first_line(exc))
         return None
 
 

@@ -16,13 +16,15 @@ from typing import Any, Callable
 import egglog.bindings as eb
 
 from .extract.egraph import ENode, ExtractionGraph
-from .term import EMITTED_CTORS, VIEW_CTORS
+from .term import CTORS, EMITTED_CTORS, VIEW_CTORS, Role
 
 VALUE_SORTS = ("Tensor", "TList")
 # The constructors the rebuilder can write as FX (term.py). Anything else (Id/LId
 # names, helpers such as LAppend/MapUnary, constructors a user rule file declares)
 # is never part of a program.
 EMITTED = EMITTED_CTORS
+# What parameter_cache computes once and keeps right: views, list cells and cats.
+_CONSTANT_CTORS = frozenset(c.name for c in CTORS.values() if c.role in (Role.VIEW, Role.CELL, Role.CAT))
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,35 @@ class ExportedEGraph:
         """Classes holding a leaf (graph input, parameter) or a view of one: what Inductor
         copies into a cat with one foreach kernel, however many there are."""
         return set(self._steps_up({"Leaf"}, VIEW_CTORS - {"TNil"}, child=0))
+
+    def constant_classes(self, leaf_ids: set[int]) -> set[int]:
+        """Classes a cache can compute once from the leaves of ``leaf_ids`` (parameters) and keep
+        right (``parameter_cache``): those leaves, lists of them along dim 0 (from the empty
+        list ``TNil 0`` up through cells), cats of such lists and views of all these. Pointwise
+        work on parameters is not among them: it is done every step. One pass over the nodes,
+        each counted down as its children are found (a worklist)."""
+        waiting: dict[int, list[list]] = {}  # class -> [node's class, children still unknown]
+        found: set[int] = set()
+        frontier: list[int] = []
+        for c, nodes in enumerate(self.classes):
+            for n in nodes:
+                seed = n.ctor == "Leaf" and n.args[0] in leaf_ids or n.ctor == "TNil" and n.args[0] == 0
+                if seed and c not in found:
+                    found.add(c)
+                    frontier.append(c)
+                if n.ctor not in _CONSTANT_CTORS or not n.children:
+                    continue
+                entry = [c, len(set(n.children))]
+                for child in set(n.children):
+                    waiting.setdefault(child, []).append(entry)
+        while frontier:
+            below = frontier.pop()
+            for entry in waiting.pop(below, ()):
+                entry[1] -= 1
+                if entry[1] == 0 and entry[0] not in found:
+                    found.add(entry[0])
+                    frontier.append(entry[0])
+        return found
 
     def list_lengths(self) -> dict[int, int]:
         """Fewest members of any list each list class can be (TNil 0, TCons 1 + tail)."""

@@ -239,7 +239,8 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
                        budget_s: float = 1.0, margin: float = 0.01) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
     choose between ``baseline`` and ``candidate``. The RNG state is restored afterwards and
-    inputs the graph writes to are cloned first."""
+    inputs the graph writes to are cloned first. Memory a program holds between steps
+    (its ``held_bytes``, a cache) is added to its peak."""
     written = mutated_placeholders(gm)
     inputs = [x.detach().clone().requires_grad_(x.requires_grad) if k in written and isinstance(x, torch.Tensor)
               else x for k, x in enumerate(example_inputs)]
@@ -250,7 +251,8 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
         steps = {name: step_function(p, inputs, training) for name, p in programs.items()}
         rounds = time_interleaved(steps, budget_s=budget_s)
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
-        peaks = {name: step_peak_bytes(step, on_cuda) for name, step in steps.items()}
+        peaks = {name: step_peak_bytes(step, on_cuda) + getattr(programs[name], "held_bytes", 0)
+                 for name, step in steps.items()}
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:

@@ -7,9 +7,9 @@ Resolved once per run from the options and the graph's inputs:
 - the mode (``mode="auto"``: a training step when grad mode is on and an input,
   a parameter lifted to an input, or a module parameter requires grad; the
   backend passes the mode of the compile it serves);
-- whether parameters are frozen (inference under Inductor's ``freezing``:
-  work on parameters alone is folded once at compile time, so a stack of
-  weights costs nothing per step; otherwise it is paid every step).
+- whether parameters are frozen (inference under Inductor's ``freezing``, or
+  with the backend's parameter cache: work on parameters alone is done once,
+  so a stack of weights costs nothing per step; otherwise it is paid every step).
 """
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ class Objective:
 
     profile: DeviceProfile
     training: bool
-    frozen: bool = False
+    frozen: bool = False  # inference under Inductor's freezing
+    cached: bool = False  # inference behind the backend's parameter cache
+
+    @property
+    def parameter_work_once(self) -> bool:
+        """Whether work on parameters alone is done once, not every step (frozen or cached)."""
+        return self.frozen or self.cached
 
     @property
     def mode(self) -> str:
@@ -55,8 +61,9 @@ class Objective:
 
     @classmethod
     def resolve(cls, profile: Any, mode: str, gm: torch.fx.GraphModule,
-                example_inputs: Sequence[Any] | None) -> "Objective":
-        """The objective for ``gm`` under the ``profile`` and ``mode`` options."""
+                example_inputs: Sequence[Any] | None, cached_parameters: bool = False) -> "Objective":
+        """The objective for ``gm`` under the ``profile``, ``mode`` and ``cached_parameters`` options."""
         name = profile_for_inputs(example_inputs) if isinstance(profile, str) and profile == "auto" else profile
         training = training_mode(gm, example_inputs) if mode == "auto" else mode == "training"
-        return cls(get_profile(name), training, frozen=not training and freezing_enabled())
+        return cls(get_profile(name), training, frozen=not training and freezing_enabled(),
+                   cached=not training and cached_parameters)

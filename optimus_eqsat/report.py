@@ -27,6 +27,8 @@ class OptimizeReport:
         fell_back: True when the original graph was returned; fallback_reason says why.
         measured: the backend's measurement of original and optimized step time
             (``guard.GuardResult``: both times, their ratio and which program was kept).
+        parameter_packs: stacks of parameters the backend builds once, in inference, with the
+            parameters moved into their storage (None when nothing is cached).
         batched: nodes given a batched alternative, by kind (batch-linear, batch-elementwise, ...).
         opaque_nodes: nodes kept verbatim, with the reason.
     """
@@ -59,6 +61,7 @@ class OptimizeReport:
     opaque_nodes: dict[str, str] = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
     measured: Any = None  # guard.GuardResult when the backend timed original and optimized
+    parameter_packs: int | None = None  # stacks of weights the backend builds once (inference)
 
     @property
     def changed(self) -> bool:
@@ -107,6 +110,9 @@ class OptimizeReport:
             lines.append("backoff bans:       " + ", ".join(f"{k} x{v}" for k, v in self.backoff_bans.items()))
         if self.measured is not None:
             lines.append(f"step time:          {self.measured.summary()}")
+        if self.parameter_packs is not None:
+            lines.append(f"parameter packs:    {self.parameter_packs} stacks of weights built once, "
+                         "the weights moved into them")
         if self.fell_back:
             lines.append(f"FELL BACK to the original graph: {self.fallback_reason}")
         return "\n".join(lines)

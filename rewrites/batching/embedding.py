@@ -2,6 +2,8 @@
 
 (Not in Inductor.) Built only when parameters are frozen (inference under
 Inductor's freezing): then the tables are concatenated once, at compile time.
+Not behind the backend's parameter cache, which would hold that second copy
+of every table for as long as the program lives.
 Otherwise the concatenation would copy every table on every step (and hold a
 second copy in memory), which never pays: the lookups stay apart, and Inductor
 fuses separate gathers into its generated code anyway. The concatenated tables
