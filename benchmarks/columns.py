@@ -17,7 +17,10 @@ COLUMNS = [
     "run_ms", "run_ms_p10", "run_ms_p90", "run_ms_min", "rounds", "steps_per_round",
     # paired ratio to Inductor's default (per round, then median and percentiles)
     "run_ratio_vs_inductor", "run_ratio_p10", "run_ratio_p90", "stable", "timing_stop",
-    "peak_mem_mb", "peak_mem_ratio_vs_inductor", "mem_source",
+    # peak_mem: allocated during a step above what was allocated before it; peak_total: that
+    # plus the model's parameters and buffers (state_mb), which a step holds at its peak too
+    "peak_mem_mb", "peak_mem_ratio_vs_inductor", "mem_source", "state_mb", "peak_total_mb",
+    "peak_total_ratio_vs_inductor",
     "compile_s", "compile_ratio_vs_inductor", "optimizer_s", "inductor_passes_s",
     "inductor_launches", "launch_ratio_vs_inductor", "inductor_generated", "inductor_extern",
     "graphs", "fx_nodes", "pred_launches_dynamo", "pred_launches", "pred_step_ms", "pred_step_ms_dynamo",

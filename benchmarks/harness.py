@@ -219,6 +219,8 @@ def _settle(c: Compiled, ref: Reference, case: Case, row: dict[str, Any]) -> Non
         c.model.zero_grad(set_to_none=True)  # the step's own gradients count towards its peak
     # On CUDA, three steps: a CUDA graph method warms up, records, then replays.
     row["peak_mem_mb"], row["mem_source"] = measure.peak_memory_mb(c.step, case.device, steps=3 if cuda else 1)
+    row["state_mb"] = measure.model_state_mb(c.model)
+    row["peak_total_mb"] = row["state_mb"] + row["peak_mem_mb"]
     outputs = c.step()
     row["max_abs_diff_out"] = max(row["max_abs_diff_out"], measure.max_abs_diff(outputs, ref.outputs))
     if case.training:
@@ -400,6 +402,7 @@ def _add_case_ratios(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         for column, ratio in (("inductor_launches", "launch_ratio_vs_inductor"),
                               ("peak_mem_mb", "peak_mem_ratio_vs_inductor"),
+                              ("peak_total_mb", "peak_total_ratio_vs_inductor"),
                               ("compile_s", "compile_ratio_vs_inductor")):
             r[ratio] = _ratio(r.get(column), base.get(column))
         r.setdefault("run_ratio_vs_inductor", NAN)

@@ -144,6 +144,14 @@ def _rss_peak_bytes(step: Callable[[], object]) -> int | None:
     return None if base is None or peak is None else max(peak - base, 0) * 1024
 
 
+def model_state_mb(model: torch.nn.Module) -> float:
+    """MB of the model's parameters and buffers, each storage once: what a step holds besides
+    what it allocates (a program that packs parameters into shared stacks holds them once)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values()) / 2**20
+
+
 def peak_memory_mb(step: Callable[[], object], device: str, steps: int = 1) -> tuple[float, str]:
     """(peak MB allocated during ``steps`` steps above what was allocated before, how measured).
 

@@ -16,7 +16,8 @@ from .plots import write_plots
 MD_COLUMNS = [
     "model", "batch", "mode", "threads", "method", "variant", "run_ms", "run_ms_p10", "run_ms_p90",
     "rounds", "run_ratio_vs_inductor", "run_ratio_p10", "run_ratio_p90", "stable", "peak_mem_mb",
-    "peak_mem_ratio_vs_inductor", "compile_s", "compile_ratio_vs_inductor", "optimizer_s",
+    "peak_mem_ratio_vs_inductor", "peak_total_ratio_vs_inductor", "compile_s", "compile_ratio_vs_inductor",
+    "optimizer_s",
     "inductor_launches", "launch_ratio_vs_inductor", "max_abs_diff_out", "max_abs_diff_grad", "error",
 ]
 SUMMARY_CASE = ["model", "mode", "batch", "threads"]

@@ -6,9 +6,11 @@ the example inputs in interleaved rounds: every round runs each program a few
 steps in a rotating order, and the ratio to the original is taken per round
 (the machine's drift hits both alike). The optimized program is kept only when
 it is faster beyond the noise (its median ratio below ``1 - margin`` and its
-75th percentile below 1) and its peak memory during a step stays within
-``MEMORY_SLACK`` of the original's (a stack of weights built every step costs
-memory as well as time). Otherwise the original is kept.
+75th percentile below 1) and its peak memory stays within ``MEMORY_SLACK`` of the
+original's (a stack of weights built every step costs memory as well as time).
+Peak memory is what a step holds at its peak: the inputs it runs on (parameters
+included: Dynamo passes them as inputs), what a program keeps between steps, and
+what the step allocates. Otherwise the original is kept.
 
 A step is what the user pays: the forward in inference, forward and backward
 in training. The user's state is left alone: gradients are returned by
@@ -56,6 +58,7 @@ class GuardResult:
     compile_s: dict[str, float] = field(default_factory=dict)
     reason: str = ""
     peak_bytes: dict[str, int] = field(default_factory=dict)  # peak memory of one step, above the start
+    resident_bytes: int = 0  # the step's inputs, parameters included: held by both programs
     timing_s: float = 0.0  # wall seconds the measurement took (warm-up, rounds, memory)
 
     @property
@@ -66,7 +69,7 @@ class GuardResult:
     def summary(self) -> str:
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
         memory = (" peak " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.peak_bytes.items())
-                  if self.peak_bytes else "")
+                  + f" above {self.resident_bytes / 2**20:.2f} MiB of inputs" if self.peak_bytes else "")
         return (f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] "
                 f"over {self.rounds} rounds;{memory}: kept {self.kept} ({self.reason})")
 
@@ -159,21 +162,29 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin: float = 0.01,
-           peak_bytes: dict[str, int] | None = None) -> GuardResult:
+           peak_bytes: dict[str, int] | None = None, resident_bytes: int = 0) -> GuardResult:
     """Keep ``candidate`` only when it is faster than ``baseline`` beyond the noise and its
-    peak memory (when measured) within ``MEMORY_SLACK`` of the baseline's."""
+    peak memory (when measured: ``peak_bytes`` above the ``resident_bytes`` both hold) within
+    ``MEMORY_SLACK`` of the baseline's."""
     ratios = [c / b for c, b in zip(rounds[candidate], rounds[baseline])]
     median, p25, p75 = statistics.median(ratios), _quantile(ratios, 0.25), _quantile(ratios, 0.75)
     faster = median < 1 - margin and p75 < 1
     peaks = peak_bytes or {}
     scale, slack = MEMORY_SLACK
-    lean = not peaks or peaks[candidate] <= peaks[baseline] * scale + slack
+    lean = not peaks or peaks[candidate] + resident_bytes <= (peaks[baseline] + resident_bytes) * scale + slack
     kept = candidate if faster and lean else baseline
     reason = ("faster beyond the noise" if faster and lean else
               "more peak memory" if faster else
               "not faster beyond the noise" if median < 1 else "slower")
     return GuardResult(kept, {k: statistics.median(v) for k, v in rounds.items()}, median, p25, p75,
-                       len(ratios), reason=reason, peak_bytes=dict(peaks))
+                       len(ratios), reason=reason, peak_bytes=dict(peaks), resident_bytes=resident_bytes)
+
+
+def resident_bytes(inputs: Sequence[Any]) -> int:
+    """Bytes of the storages of the tensors in ``inputs``, each storage once."""
+    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
+                for x in inputs if isinstance(x, torch.Tensor) and x.layout == torch.strided}
+    return sum(storages.values())
 
 
 def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
@@ -257,6 +268,6 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    result = choose(rounds, baseline, candidate, margin, peaks)
+    result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs))
     result.timing_s = time.perf_counter() - start
     return result

@@ -21,6 +21,17 @@ def test_a_faster_candidate_that_needs_more_memory_is_not_kept():
     assert lean.kept == "optimized"
     fat = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20})
     assert fat.kept == "original" and fat.reason == "more peak memory"
+    # the same 2 MiB more on top of 100 MiB of parameters and inputs the step holds anyway
+    held = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
+                  resident_bytes=100 << 20)
+    assert held.kept == "optimized" and "above 100.00 MiB of inputs" in held.summary()
+
+
+def test_resident_bytes_count_each_storage_once():
+    from optimus_eqsat.guard import resident_bytes
+
+    w = torch.randn(64, 64)
+    assert resident_bytes([w, w[0], w.t(), torch.randn(8), 3]) == w.nbytes + 8 * 4
 
 
 def test_step_peak_memory_is_measured_on_the_cpu():
