@@ -54,14 +54,16 @@ def program_backend(program: torch.fx.GraphModule, expected: Sequence[torch.Size
     ``expected``: the shapes of the capture's inputs; a graph Dynamo traces with other
     inputs is an error (the program would not fit it). ``backend.calls`` counts calls.
     """
-    from torch._inductor.compile_fx import compile_fx
+    from optimus_eqsat.backend import compile_program as inductor_as_backend
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         backend.calls += 1
         shapes = [tuple(getattr(x, "shape", ())) for x in example_inputs]
         if shapes != [tuple(s) for s in expected]:
             raise RuntimeError("Dynamo traced other inputs than the program's capture")
-        return compile_fx(copy_module(program), example_inputs)  # Inductor edits what it compiles
+        # as our backend compiles it (inference: behind its parameter cache); Inductor edits
+        # what it compiles, hence the copy
+        return inductor_as_backend(copy_module(program), example_inputs)
 
     backend.calls = 0  # type: ignore[attr-defined]
     return backend

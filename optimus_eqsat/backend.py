@@ -137,6 +137,17 @@ def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Seq
         return None
 
 
+def compile_program(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cache_parameters: bool = True) -> Callable:
+    """Inductor on an optimized graph as the backend compiles it: in inference (grad off) behind
+    the parameter cache when it has stacks of whole parameters (for benchmarks that compile
+    programs they optimized themselves)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    cache = cache_parameters and not torch.is_grad_enabled() and not freezing_enabled()
+    compiled = _compile_program(compile_fx, gm, example_inputs, OptimizeReport(), None, cache)
+    return compiled if compiled is not None else compile_fx(gm, example_inputs)
+
+
 def _compile_program(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                      report: OptimizeReport, patches: dict[str, Any] | None, cache: bool) -> Callable | None:
     """Inductor on the chosen program; with ``cache``, cut first at its parameter-only work,
