@@ -231,9 +231,7 @@ def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, 
     1e-9 of their magnitude): the programs compute the same function, whatever float32
     rounding does to each."""
     try:
-        module = copy.deepcopy(result).double()
-        inputs = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in g.example_inputs]
-        ups = [u.double() if u.is_floating_point() else u for u in upstream]
+        module, inputs, ups = _in_float64(result, g.example_inputs, upstream)
         names = [name for name, _ in g.gm.named_parameters()]
         params = dict(module.named_parameters())
         outs, gin, kept, _ = _run(module, inputs, {k: params[k] for k in names if k in params}, ups)
@@ -255,11 +253,15 @@ def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, 
 def _float64_reference(g: GeneratedGraph, upstream: list) -> list[Optional[torch.Tensor]]:
     """Outputs, input gradients and parameter gradients of ``g`` run in float64, in
     the order check_optimizer compares them."""
-    gm = copy.deepcopy(g.gm).double()
-    inputs = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in g.example_inputs]
-    ups = [u.double() if u.is_floating_point() else u for u in upstream]
+    gm, inputs, ups = _in_float64(g.gm, g.example_inputs, upstream)
     outs, gin, gpar, _ = _run(gm, inputs, dict(gm.named_parameters()), ups)
     return [*outs, *gin, *gpar]
+
+
+def _in_float64(module: fx.GraphModule, inputs: Sequence[Any], upstream: list) -> tuple[fx.GraphModule, list, list]:
+    """A float64 copy of ``module`` with its floating inputs and upstream gradients in float64."""
+    as64 = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    return copy.deepcopy(module).double(), as64, [u.double() if u.is_floating_point() else u for u in upstream]
 
 
 def _no_less_accurate(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor],
