@@ -246,17 +246,22 @@ def test_inference_then_training_then_inference_follows_eager():
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=make_backend(measure=False, profile="h100"))
     x = torch.randn(16, 48)
+    for m in (model, twin):
+        m.eval()
     with torch.no_grad():
-        model.eval(), twin.eval()
         torch.testing.assert_close(compiled(x), twin(x))
     assert model.linears[1].weight.data_ptr() == model.linears[0].weight.data_ptr() + 8 * 8 * 4  # packed
-    model.train(), twin.train()
+    for m in (model, twin):
+        m.train()
     sgd, sgd_twin = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
     for _ in range(3):
         out, want = compiled(x), twin(x)
         torch.testing.assert_close(out, want)
-        out.sum().backward(), want.sum().backward()
-        sgd.step(), sgd_twin.step(), sgd.zero_grad(), sgd_twin.zero_grad()
-    model.eval(), twin.eval()
+        for loss, optimizer in ((out.sum(), sgd), (want.sum(), sgd_twin)):
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for m in (model, twin):
+        m.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), twin(x))
