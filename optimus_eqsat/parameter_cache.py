@@ -157,7 +157,7 @@ class ParameterWork:
 def split_parameter_work(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> ParameterWork | None:
     """Cut ``gm`` at its packable parameter work (:func:`packable_work`); None when it has no
     pack (nothing to save) or the inputs are fake (nothing to run)."""
-    if any(isinstance(x, torch._subclasses.FakeTensor) for x in example_inputs):
+    if any(isinstance(x, torch._subclasses.FakeTensor) for x in example_inputs) or _symbolic(gm, example_inputs):
         return None
     values = parameter_values(gm, example_inputs)
     work = packable_work(gm, example_inputs, values)
@@ -194,6 +194,21 @@ def split_parameter_work(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> P
     main.graph.eliminate_dead_code()
     main.recompile()
     return ParameterWork(prologue, main, param_positions, packs, len(needed), [values[n] for n in needed])
+
+
+def _symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether the graph was traced with symbolic sizes (a dynamic compile). Not cut: Inductor
+    would give the new inputs' sizes symbols of their own that no guard source knows (seen:
+    Dynamo failing to build a guard on such a symbol)."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        return True
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if node.op == "placeholder" and value is not None and free_symbols(value):
+            return True
+    return False
 
 
 def _adjacent(params: Sequence[torch.Tensor]) -> bool:

@@ -265,3 +265,15 @@ def test_inference_then_training_then_inference_follows_eager():
         m.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), twin(x))
+
+
+def test_a_dynamic_compile_is_not_cut():
+    backend = make_backend(measure=False, profile="h100")
+    model = SplitTowers(towers=6, width=8).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for batch in (16, 7):
+            x = torch.randn(batch, 48)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert all(r.parameter_packs is None for r in backend.reports)
