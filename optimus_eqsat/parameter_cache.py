@@ -156,7 +156,8 @@ class ParameterWork:
 
 def split_parameter_work(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> ParameterWork | None:
     """Cut ``gm`` at its packable parameter work (:func:`packable_work`); None when it has no
-    pack (nothing to save) or the inputs are fake (nothing to run)."""
+    pack (nothing to save), the inputs are fake (nothing to run) or the graph was traced with
+    symbolic sizes (:func:`_symbolic`)."""
     if any(isinstance(x, torch._subclasses.FakeTensor) for x in example_inputs) or _symbolic(gm, example_inputs):
         return None
     values = parameter_values(gm, example_inputs)
