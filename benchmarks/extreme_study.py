@@ -143,13 +143,19 @@ def training_graphs(gm: torch.fx.GraphModule, example_inputs: list) -> list[torc
 
 def kernels(gm: torch.fx.GraphModule, example_inputs: list, variant: str) -> list:
     """Predicted h200 kernels of ``gm`` in one ``variant``: "inf", "frozen" or "train"."""
-    if variant == "frozen":
-        return predict_kernels(fold_parameters(gm, example_inputs), example_inputs, PREDICTED)
-    if variant == "inf":  # what the backend runs every step: its parameter cache keeps the packs
-        return predict_kernels(fold_parameters(gm, example_inputs, packable_nodes), example_inputs, PREDICTED)
     if variant == "train":
         return [k for g in training_graphs(gm, example_inputs) for k in predict_kernels(g, None, PREDICTED)]
-    return predict_kernels(gm, example_inputs, PREDICTED)
+    return predict_kernels(per_step(gm, example_inputs, variant), example_inputs, PREDICTED)
+
+
+def per_step(gm: torch.fx.GraphModule, example_inputs: list, variant: str) -> torch.fx.GraphModule:
+    """What runs every step of an inference ``variant``: "frozen" folds all parameter-only work,
+    "inf" the packs the backend's parameter cache builds once."""
+    if variant == "frozen":
+        return fold_parameters(gm, example_inputs)
+    if variant == "inf":
+        return fold_parameters(gm, example_inputs, packable_nodes)
+    return gm
 
 
 def kernel_notes(predicted: list) -> str:
@@ -159,12 +165,8 @@ def kernel_notes(predicted: list) -> str:
 
 
 def step_us(gm: torch.fx.GraphModule, example_inputs: list, profile: str, variant: str) -> float:
-    """Predicted step time in microseconds; "frozen" folds parameter-only work first, "inf"
-    the packs the backend's parameter cache builds once."""
-    if variant == "frozen":
-        gm = fold_parameters(gm, example_inputs)
-    elif variant == "inf":
-        gm = fold_parameters(gm, example_inputs, packable_nodes)
+    """Predicted step time in microseconds of what runs every step (:func:`per_step`)."""
+    gm = per_step(gm, example_inputs, variant)
     return round(predicted_step_time(gm, example_inputs, profile, training=variant == "train") * 1e6, 1)
 
 

@@ -147,9 +147,9 @@ def _rss_peak_bytes(step: Callable[[], object]) -> int | None:
 def model_state_mb(model: torch.nn.Module) -> float:
     """MB of the model's parameters and buffers, each storage once: what a step holds besides
     what it allocates (a program that packs parameters into shared stacks holds them once)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values()) / 2**20
+    from optimus_eqsat.guard import resident_bytes
+
+    return resident_bytes([*model.parameters(), *model.buffers()]) / 2**20
 
 
 def peak_memory_mb(step: Callable[[], object], device: str, steps: int = 1) -> tuple[float, str]:

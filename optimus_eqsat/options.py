@@ -37,10 +37,10 @@ class OptimizeOptions:
             device), "h100", "h200", "a100", "cpu", or a ``DeviceProfile``.
         mode: "auto" (training when grad mode is on and an input or parameter requires
             grad), "inference" or "training": a training step also prices the backward.
-        cached_parameters: in inference, work on parameters alone (a stack of weights) is
-            done once, not every step: the backend's parameter cache
-            (:mod:`optimus_eqsat.parameter_cache`) runs it again only when a parameter
-            changes. Prices such work as free per step, as Inductor's ``freezing`` does.
+        cached_parameters: in inference, stacks of whole parameters are built once, not every
+            step: the backend's parameter cache (:mod:`optimus_eqsat.parameter_cache`) moves
+            the parameters into them. Prices that work as free per step, as Inductor's
+            ``freezing`` does with all parameter-only work.
             The backend sets it; a graph compiled without that cache should leave it off.
         raise_on_error: raise instead of falling back to the original graph.
         never_worse: return the original when the cost model predicts the result slower.

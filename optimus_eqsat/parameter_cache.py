@@ -44,6 +44,7 @@ import torch.fx as fx
 from .extract.freezing import outermost, parameter_values
 from .fxvocab import VIEW_OPS, WHOLE_VIEW_OPS
 from .fxvocab.names import canonical_name
+from .guard import resident_bytes
 
 log = logging.getLogger(__name__)
 
@@ -247,8 +248,10 @@ class _PackedPrologue(fx.Interpreter):
         if group is None or not _adjacent(group):
             return super().run_node(n)
         items = [self.env[m] for m in n.args[0]]
-        rows = len(items) if canonical_name(n) == "stack" else sum(t.shape[0] for t in items)
-        shape = (rows, *(items[0].shape if canonical_name(n) == "stack" else items[0].shape[1:]))
+        if canonical_name(n) == "stack":
+            shape = (len(items), *items[0].shape)
+        else:
+            shape = (sum(t.shape[0] for t in items), *items[0].shape[1:])
         total = sum(p.numel() for p in group)
         return group[0].as_strided((total,), (1,), group[0].storage_offset()).view(shape)
 
@@ -280,23 +283,25 @@ class CachedParameterWork:
         """Run the prologue (on the first run packing the parameters into their stacks) and
         keep its values; False, and no caching from then on, when a parameter cannot stay
         packed (it moved after packing, or shares its storage)."""
-        first = self._ptrs is None
         with torch.no_grad():
-            outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
-            if first:
+            if self._ptrs is None and not self._all_packed(params):  # the first run: pack
+                outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
                 for index, members in self.packs:
                     group = [params[i] for i in members]
                     if not _adjacent(group) and not self._pack(group, outs[index]):
                         break
-                outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
-        if not all(_adjacent([params[i] for i in members]) for _, members in self.packs):
-            log.info("optimus_eqsat: a parameter is shared or moved; its stack is built every step")
-            self.live = False
-            return False
+            if not self._all_packed(params):
+                log.info("optimus_eqsat: a parameter is shared or moved; its stack is built every step")
+                self.live = False
+                return False
+            outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)  # views of their storage
         self._values, self._params = tuple(outs[:self.n_values]), params
         self._ptrs = list(map(_DATA_PTR, params))
         self.runs += 1
         return True
+
+    def _all_packed(self, params: tuple[torch.Tensor, ...]) -> bool:
+        return all(_adjacent([params[i] for i in members]) for _, members in self.packs)
 
     @staticmethod
     def _pack(group: list[torch.Tensor], stacked: torch.Tensor) -> bool:
@@ -316,6 +321,4 @@ class CachedParameterWork:
     @property
     def held_bytes(self) -> int:
         """Bytes the cached values hold besides the parameters' own storage (0 when packed)."""
-        theirs = {p.untyped_storage().data_ptr() for p in self._params}
-        storages = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in self._values}
-        return sum(n for ptr, n in storages.items() if ptr not in theirs)
+        return resident_bytes([*self._values, *self._params]) - resident_bytes(self._params)
