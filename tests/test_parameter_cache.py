@@ -208,7 +208,7 @@ def test_zoo_inference_with_packed_parameters_matches_eager(name):
     inputs = spec.inputs(8, 0)
     backend = make_backend(measure=False)  # the default profile and the parameter cache
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend=backend, dynamic=False)  # the cache serves static compiles
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
         _perturb_in_place(model)  # the compiled program must follow
@@ -226,7 +226,9 @@ def test_random_graphs_with_packed_parameters_match_eager_after_updates():
         module, inputs = generated.gm, generated.example_inputs
         backend = make_backend(measure=False, profile="h100", raise_on_error=True)
         torch._dynamo.reset()
-        compiled = torch.compile(module, backend=backend)
+        # static, as the cache serves: generated modules can share forward code with graphs other
+        # tests compiled at other sizes, and Dynamo's automatic dynamic shapes would follow that
+        compiled = torch.compile(module, backend=backend, dynamic=False)
         with torch.no_grad():
             _assert_close(compiled(*inputs), module(*inputs), generated.description)
             _perturb_in_place(module)
