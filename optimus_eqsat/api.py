@@ -18,6 +18,7 @@ from .extract.freezing import parameter_placeholders
 from .extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from .extract.refine import refine_run
 from .fx_graphs import copy_module, has_fake_meta, op_count, predict
+from .fxvocab.symbolic import PinnedSize
 from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from .objective import Objective
 from .options import OptimizeOptions
@@ -64,6 +65,10 @@ def optimize_graph(
     try:
         with gc_paused():
             result = OptimizationRun(gm, example_inputs, opts, report).optimize()
+    except PinnedSize as exc:  # declined, not failed: the graph is returned as it is
+        log.info("optimus_eqsat: graph declined: %s", exc)
+        report.fell_back, report.fallback_reason = True, f"declined: {exc}"
+        result = copy_module(gm)
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # a control-flow signal of Dynamo's, not a failure

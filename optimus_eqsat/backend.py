@@ -23,7 +23,7 @@ from .fx_graphs import copy_module, op_count
 from .guard import FirstCallChoice, GuardResult
 from .inductor_compat import first_line, is_dynamo_signal
 from .objective import freezing_enabled
-from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work
+from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
 from .report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
@@ -155,7 +155,8 @@ def _compile_program(compile_fx: Callable, gm: torch.fx.GraphModule, example_inp
     work = _parameter_work(gm, example_inputs) if cache else None
     if work is None:
         return _compile(compile_fx, gm, example_inputs, report, patches)
-    compiled = _compile(compile_fx, work.main, [*work.example_values, *example_inputs], report, patches)
+    compiled = _compile(compile_fx, work.main, [*static_example_values(work.example_values), *example_inputs],
+                        report, patches)
     if compiled is None:
         return None
     report.parameter_packs = len(work.packs)

@@ -157,9 +157,8 @@ class ParameterWork:
 
 def split_parameter_work(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> ParameterWork | None:
     """Cut ``gm`` at its packable parameter work (:func:`packable_work`); None when it has no
-    pack (nothing to save), the inputs are fake (nothing to run) or the graph was traced with
-    symbolic sizes (:func:`_symbolic`)."""
-    if any(isinstance(x, torch._subclasses.FakeTensor) for x in example_inputs) or _symbolic(gm, example_inputs):
+    pack (nothing to save) or the inputs are fake (nothing to run)."""
+    if any(isinstance(x, torch._subclasses.FakeTensor) for x in example_inputs):
         return None
     values = parameter_values(gm, example_inputs)
     work = packable_work(gm, example_inputs, values)
@@ -198,19 +197,17 @@ def split_parameter_work(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> P
     return ParameterWork(prologue, main, param_positions, packs, len(needed), [values[n] for n in needed])
 
 
-def _symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Whether the graph was traced with symbolic sizes (a dynamic compile). Not cut: Inductor
-    would give the new inputs' sizes symbols of their own that no guard source knows (seen:
-    Dynamo failing to build a guard on such a symbol)."""
-    from torch.fx.experimental.symbolic_shapes import free_symbols
+def static_example_values(values: Sequence[torch.Tensor]) -> list[Any]:
+    """The cached values as Inductor should see them: fakes of the tracing fake mode with static
+    sizes. Handed over as real tensors, Inductor would fakify them with size symbols that no
+    guard source knows (they are not among the tensors Dynamo traced), and a guard on such a
+    symbol makes Dynamo fail (an ``IndexError`` in ``produce_guards``, seen on random graphs)."""
+    from torch._guards import detect_fake_mode
 
-    if any(isinstance(x, torch.SymInt) for x in example_inputs):
-        return True
-    for node in gm.graph.nodes:
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if node.op == "placeholder" and value is not None and free_symbols(value):
-            return True
-    return False
+    mode = detect_fake_mode()
+    if mode is None or mode.shape_env is None:
+        return list(values)
+    return [mode.from_tensor(v, static_shapes=True) for v in values]
 
 
 def _adjacent(params: Sequence[torch.Tensor]) -> bool:

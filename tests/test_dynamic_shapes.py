@@ -359,3 +359,32 @@ def test_an_exported_program_with_a_dynamic_batch():
     for batch in (3, 7, 256):
         y = torch.randn(batch, 48)
         torch.testing.assert_close(optimized(y), model(y))
+
+
+class ChunkedTowers(nn.Module):
+    """Linears on chunks of a dynamic dim: Dynamo's guards pin the chunk size ((s0 + 3)//4 == 1
+    at width 3), and the optimizer would batch the linears along the pinned dim."""
+
+    def __init__(self):
+        super().__init__()
+        self.towers = nn.ModuleList(nn.Linear(1, 2) for _ in range(4))
+
+    def forward(self, x):
+        pieces = torch.chunk(x, 4, -1)[1].narrow(1, 0, 1)
+        return [t(-pieces[k : k + 1]) for k, t in enumerate(self.towers)]
+
+
+def test_a_size_pinned_by_guards_declines_the_graph():
+    """Such graphs are compiled as they are, also with raise_on_error (a decline, not a
+    failure): their meta is inconsistent, and Inductor miscompiles a broadcast along a pinned
+    dim, which batching along it would create."""
+    model = ChunkedTowers()
+    x = torch.randn(4, 2, 3)
+    backend = make_backend(measure=False, profile="h100", raise_on_error=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for got, want in zip(compiled(x), model(x)):
+            torch.testing.assert_close(got, want)
+    reasons = [r.fallback_reason or "" for r in backend.reports]
+    assert any("pinned" in r for r in reasons), reasons

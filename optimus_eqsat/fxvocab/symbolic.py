@@ -33,6 +33,16 @@ SYMBOL_BASE = -(10**9)  # codes are SYMBOL_BASE - k: far from any size or size a
 UNHINTED_SIZE = 8192  # the price of a size with no hint (data dependent): Inductor's own fallback
 
 
+class PinnedSize(Exception):
+    """A graph holds a symbolic size that Dynamo's guards pin to a constant. Such graphs are
+    declined (optimized as they are, i.e. not at all): Dynamo's meta writes the pinned size
+    sometimes as the expression and sometimes as the constant, so shapes the rules derive
+    disagree with recorded ones (egglog refuses the merge); encoded as the constant instead,
+    rewrites broadcast along the pinned dim, and Inductor (torch 2.13) miscompiles an expand
+    of such a dim under dynamic shapes (wrong values, seen on a random graph and reproduced
+    without this optimizer: ``(-torch.chunk(x, 4, -1)[1]).expand(4, 2, 2)``)."""
+
+
 def is_symbolic(size: int) -> bool:
     """Whether an encoded size is a symbolic code (concrete sizes are >= 0)."""
     return size < 0
@@ -125,7 +135,18 @@ class SymbolicSizes:
         expr = size.node.expr
         if expr.is_number:
             return int(expr)
+        if self._pinned(expr):
+            raise PinnedSize(f"the symbolic size {expr} is pinned to a constant by Dynamo's guards")
         return self.code(expr, size_hint(size))
+
+    def _pinned(self, expr: sympy.Expr) -> bool:
+        """Whether Dynamo's guards pin ``expr`` to one value (``(s0 + 3)//4`` under
+        ``Eq((s0 + 3)//4, 1)``) without replacing it by that value."""
+        try:
+            value = self.shape_env._maybe_evaluate_static(expr)
+        except Exception:  # a private helper of ShapeEnv: never a reason to fail
+            return False
+        return value is not None and bool(value.is_number)
 
     def encode_shape(self, shape: Iterable[Any]) -> tuple[int, ...] | None:
         """A tensor shape encoded (None when some size is neither int nor SymInt)."""
