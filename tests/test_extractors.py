@@ -610,3 +610,17 @@ def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
     assert len(hubs) == 1
     _reach_rows(model, *hubs[0], arcs)
     assert solve(model) == 10.0  # x, or cat of a
+
+
+def test_ilp_search_stops_when_neither_bound_moves():
+    from extract.ilp import _Stall
+
+    stalled = _Stall(after=1.0, upper=100.0)
+    assert not stalled(0.2, 100.0, 50.0)  # too early
+    assert not stalled(0.9, 100.0, 60.0)
+    assert not stalled(1.5, 100.0, 70.0)  # the bound rose 10 in the last second
+    assert not stalled(2.0, 99.0, 70.1)  # the best fell 1 since 0.9 (window start)
+    assert stalled(3.1, 99.0, 70.2)  # since 2.0: moved 0.1 < 0.5% of 100
+
+    moving = _Stall(after=1.0, upper=100.0)
+    assert not any(moving(t / 10, 100.0, 50.0 + t) for t in range(40))  # the bound keeps rising
