@@ -107,6 +107,9 @@ def _module_of(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), copy)
 
 
+POST_GRAD_ILP_SECONDS = 3.0
+
+
 class PostGradPass(CustomGraphPass):
     """``optimize_graph`` on every aten graph Inductor compiles (forward and backward).
 
@@ -116,6 +119,9 @@ class PostGradPass(CustomGraphPass):
 
     def __init__(self, require_fewer_launches: bool = True, **options: Any):
         options.setdefault("raise_on_error", False)
+        # The aten graphs come after the pre-grad pass did the batching; their ILP rarely finds
+        # more than greedy, and spent up to its 8 s on each graph (training at batch 2048).
+        options.setdefault("ilp_time_limit_s", POST_GRAD_ILP_SECONDS)
         OptimizeOptions.from_kwargs(**options)  # a caller's mistake is an error here, not in the compile
         self.options = options
         self.require_fewer_launches = require_fewer_launches
