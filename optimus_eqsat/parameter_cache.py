@@ -45,6 +45,7 @@ from .extract.freezing import outermost, parameter_values
 from .fxvocab import VIEW_OPS, WHOLE_VIEW_OPS
 from .fxvocab.names import canonical_name
 from .guard import resident_bytes
+from .translate import written_memory
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,11 @@ def packable_work(gm: fx.GraphModule, example_inputs: Sequence[Any],
     is an ``nn.Parameter``), each parameter in one at most, with the parameters and the views
     computed from them alone. ``values``: :func:`parameter_values` of ``gm`` when known."""
     values = parameter_values(gm, example_inputs) if values is None else values
+    # Work on memory the graph writes is not cached: a cached value would miss the writes
+    # (a parameter updated in place in the forward, a stack the graph then adds into).
+    written, _ = written_memory(gm, list(gm.graph.nodes))
+    unsafe = written | {u for n in written for u in n.users}
+    values = {n: v for n, v in values.items() if n not in unsafe}
     params = {n for n in values if n.op == "placeholder"}
     nodes: set[fx.Node] = set(params)
     packs: list[Pack] = []
@@ -192,7 +198,12 @@ def split_parameter_work(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> P
             value = main.graph.placeholder(f"cached_parameter_work_{k}")
         value.meta = dict(node.meta)
         old_to_new[node].replace_all_uses_with(value)
-    main.graph.eliminate_dead_code()
+    # Only the replaced work goes: FX's dead-code elimination would also drop an in-place
+    # method call whose result is unused (``x.mul_(y)``), which it does not see as impure.
+    replaced = {old_to_new[n] for n in work.nodes if n.op != "placeholder"}
+    for node in reversed(list(main.graph.nodes)):
+        if node in replaced and not node.users:
+            main.graph.erase_node(node)
     main.recompile()
     return ParameterWork(prologue, main, param_positions, packs, len(needed), [values[n] for n in needed])
 

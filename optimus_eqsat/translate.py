@@ -112,6 +112,15 @@ def is_mutating(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
     """(nodes that must stay opaque, nodes whose relative order must be kept)."""
+    tainted, mutating = written_memory(gm, nodes)
+    readers = {u for n in tainted for u in n.users}
+    forced = {n for n in tainted | readers if n.op not in ("placeholder", "get_attr", "output")}
+    return forced, forced | mutating
+
+
+def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
+    """(the values whose memory the graph may write: the mutated tensors, the views of them
+    and what they are views of, placeholders included; the mutating nodes)."""
     mutating = {n for n in nodes if n.op in ("call_function", "call_method", "call_module") and is_mutating(gm, n)}
     if not mutating:
         return set(), set()
@@ -130,9 +139,7 @@ def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple
         if aliasing(n):  # the base of a view is written through the view
             work.extend(a for a in n.all_input_nodes if a not in tainted)
         work.extend(u for u in n.users if aliasing(u) and u not in tainted)
-    readers = {u for n in tainted for u in n.users}
-    forced = {n for n in tainted | readers if n.op not in ("placeholder", "get_attr", "output")}
-    return forced, forced | mutating
+    return tainted, mutating
 
 
 # ---------------------------------------------------------------- translator
