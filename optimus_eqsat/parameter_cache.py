@@ -291,7 +291,10 @@ class CachedParameterWork:
         """Run the prologue (on the first run packing the parameters into their stacks) and
         keep its values; False, and no caching from then on, when a parameter cannot stay
         packed (it moved after packing, or shares its storage)."""
-        with torch.no_grad():
+        # inference_mode(False): built under the user's inference_mode, the stacks (the
+        # parameters' new storage) would be inference tensors, and the model could not be
+        # trained eagerly afterwards
+        with torch.inference_mode(False), torch.no_grad():
             if self._ptrs is None and not self._all_packed(params):  # the first run: pack
                 outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
                 for index, members in self.packs:

@@ -347,3 +347,21 @@ def test_random_graphs_compiled_dynamically_are_cut_without_guard_failures(seed)
         _perturb_in_place(module)
         _assert_close(compiled(*inputs), module(*inputs), generated.description)
     assert any(r.parameter_packs for r in backend.reports)
+
+
+def test_packing_under_inference_mode_leaves_parameters_trainable():
+    """Packed on a call under torch.inference_mode, the parameters' new storage must still be
+    normal tensors: eager training of the same model afterwards once failed ("Inference
+    tensors cannot be saved for backward")."""
+    torch.manual_seed(0)
+    model = SplitTowers(towers=6, width=8)
+    backend = make_backend(measure=False, profile="h100")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(16, 48)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert backend.reports[-1].parameter_packs
+    assert not any(p.is_inference() for p in model.parameters())
+    model(x).sum().backward()  # eager, with autograd
+    assert all(p.grad is not None for p in model.parameters())
