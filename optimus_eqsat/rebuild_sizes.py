@@ -74,6 +74,10 @@ class SizeWriter:
             value = self._expr(args[-1])
             for arg in args[:-1]:
                 value = self.call("call_function", op, (value, self._expr(arg)))
+        elif isinstance(expr, sympy.Pow) and expr.exp.is_Integer and 1 < int(expr.exp) <= 8:
+            base = value = self._expr(expr.base)  # s0**2 (a flattened square): s0 * s0
+            for _ in range(int(expr.exp) - 1):
+                value = self.call("call_function", operator.mul, (value, base))
         elif type(expr).__name__ in ("FloorDiv", "CleanDiv"):  # torch.utils._sympy.functions
             value = self.call("call_function", operator.floordiv, (self._expr(expr.args[0]), self._expr(expr.args[1])))
         else:

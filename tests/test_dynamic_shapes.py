@@ -388,3 +388,19 @@ def test_a_size_pinned_by_guards_declines_the_graph():
             torch.testing.assert_close(got, want)
     reasons = [r.fallback_reason or "" for r in backend.reports]
     assert any("pinned" in r for r in reasons), reasons
+
+
+def test_a_squared_symbolic_size_is_written_as_a_product():
+    """Random graph 50 under dynamic=True flattens a square (its size is s0**2): the rebuild
+    once failed to write a Pow and the whole graph fell back."""
+    from tests.graphgen import random_graph
+
+    generated = random_graph(50, opaque=False, inplace=False)
+    backend = make_backend(measure=False, profile="h100", raise_on_error=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(generated.gm, backend=backend, dynamic=True)
+    with torch.no_grad():
+        got, want = compiled(*generated.example_inputs), generated.gm(*generated.example_inputs)
+    for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * max(1.0, w.abs().max().item()))
+    assert not any(r.fell_back for r in backend.reports), [r.fallback_reason for r in backend.reports]
