@@ -20,6 +20,7 @@ from .extract.refine import refine_run
 from .fx_graphs import copy_module, has_fake_meta, op_count, predict
 from .fxvocab.symbolic import PinnedSize
 from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
+from .keep_gradients import keep_gradient_inputs
 from .objective import Objective
 from .options import OptimizeOptions
 from .rebuild import propagate_meta, rebuild
@@ -231,4 +232,9 @@ class OptimizationRun:
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)
+        if self.objective.mode == "training":
+            kept = keep_gradient_inputs(gm, result)
+            if kept and self._wants_meta:
+                propagate_meta(result, self.example_inputs)
+            report.kept_gradient_inputs = kept
         return result

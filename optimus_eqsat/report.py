@@ -29,6 +29,9 @@ class OptimizeReport:
             (``guard.GuardResult``: both times, their ratio and which program was kept).
         parameter_packs: stacks of parameters the backend builds once, in inference, with the
             parameters moved into their storage (None when nothing is cached).
+        kept_gradient_inputs: inputs (parameters) the optimized training graph no longer
+            needed and reads again through an exact zero, so they still get a (zero) gradient
+            (:mod:`optimus_eqsat.keep_gradients`).
         batched: nodes given a batched alternative, by kind (batch-linear, batch-elementwise, ...).
         opaque_nodes: nodes kept verbatim, with the reason.
     """
@@ -62,6 +65,7 @@ class OptimizeReport:
     history: list[dict] = field(default_factory=list)
     measured: Any = None  # guard.GuardResult when the backend timed original and optimized
     parameter_packs: int | None = None  # stacks of weights the backend builds once (inference)
+    kept_gradient_inputs: list[str] = field(default_factory=list)  # re-read so they get a zero gradient
 
     @property
     def changed(self) -> bool:
@@ -113,6 +117,9 @@ class OptimizeReport:
         if self.parameter_packs is not None:
             lines.append(f"parameter packs:    {self.parameter_packs} stacks of weights built once, "
                          "the weights moved into them")
+        if self.kept_gradient_inputs:
+            lines.append("kept in autograd:   " + ", ".join(self.kept_gradient_inputs)
+                         + " (no longer read; an exact zero keeps their gradient)")
         if self.fell_back:
             lines.append(f"FELL BACK to the original graph: {self.fallback_reason}")
         return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""Inputs a training graph read keep their place in autograd after optimization.
+
+A rewrite may find an input's values unused (a narrow of a cat that skips one member,
+``x - x``) and drop its last reader. Autograd then gives that input no gradient (None)
+where the original step gave zeros, and the difference is not cosmetic: an optimizer's
+weight decay skips parameters whose gradient is None, and DistributedDataParallel
+without ``find_unused_parameters`` fails on a parameter that stopped receiving one.
+Each such input is read again by adding an empty sum of it (exactly zero, whatever
+its values, NaN included) to an output that depended on it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+
+def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+    """Re-read, in ``optimized``, the floating-point placeholders ``original`` read and
+    ``optimized`` no longer does (:mod:`this module <optimus_eqsat.keep_gradients>`);
+    returns their names. Placeholders correspond by position."""
+    before = [n for n in original.graph.nodes if n.op == "placeholder"]
+    after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
+    if len(before) != len(after):
+        return []
+    outputs = _outputs(original)
+    kept = []
+    for old, new in zip(before, after):
+        if not old.users or new.users or not _floating(old):
+            continue
+        position = _dependent_output(old, outputs)
+        if position is not None:
+            _add_empty_sum(optimized, new, position)
+            kept.append(old.name)
+    # the parameters a symbolic_trace graph reads as attributes or through module calls
+    still_read = set(_parameter_reads(optimized))
+    for target, reader in _parameter_reads(original).items():
+        if target in still_read:
+            continue
+        reader_name = target
+        position = _dependent_output(reader, outputs)
+        if position is not None:
+            if _attr(optimized, target) is None:  # the rebuilt module holds only what it reads
+                alias = "kept_" + target.replace(".", "_")
+                setattr(optimized, alias, original.get_parameter(target))  # the same Parameter
+                target = alias
+            with optimized.graph.inserting_before(next(iter(optimized.graph.find_nodes(op="output")))):
+                attr = optimized.graph.get_attr(target)
+            _add_empty_sum(optimized, attr, position)
+            kept.append(reader_name)
+    if kept:
+        optimized.graph.lint()
+        optimized.recompile()
+    return kept
+
+
+def _outputs(gm: fx.GraphModule) -> list[fx.Node | None]:
+    """The graph's outputs in order (None where an output is not a node)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return [a if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(output.args[0])]
+
+
+def _parameter_reads(gm: fx.GraphModule) -> dict[str, fx.Node]:
+    """Floating parameters read by get_attr or module calls -> the first node reading each."""
+    reads: dict[str, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if not node.users and node.op != "call_module":
+            continue
+        if node.op == "get_attr" and isinstance(value := _attr(gm, node.target), torch.Tensor) \
+                and value.is_floating_point():
+            reads.setdefault(str(node.target), node)
+        elif node.op == "call_module":
+            for name, p in gm.get_submodule(str(node.target)).named_parameters():
+                if p.is_floating_point():
+                    reads.setdefault(f"{node.target}.{name}", node)
+    return reads
+
+
+def _attr(gm: fx.GraphModule, target: str) -> object:
+    try:
+        return gm.get_parameter(target)
+    except AttributeError:
+        try:
+            return gm.get_buffer(target)
+        except AttributeError:
+            return None
+
+
+def _floating(node: fx.Node) -> bool:
+    """Whether the placeholder ``node`` holds a floating tensor (by its meta)."""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _dependent_output(node: fx.Node, outputs: list[fx.Node | None]) -> int | None:
+    """The position of the first output that depends on ``node`` and may be floating."""
+    reached, work = set(), [node]
+    while work:
+        n = work.pop()
+        if n not in reached:
+            reached.add(n)
+            work.extend(n.users)
+    for k, out in enumerate(outputs):
+        if out is not None and out in reached and _floating_output(out):
+            return k
+    return None
+
+
+def _floating_output(node: fx.Node) -> bool:
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return not isinstance(value, torch.Tensor) or value.is_floating_point()
+
+
+def _add_empty_sum(gm: fx.GraphModule, placeholder: fx.Node, position: int) -> None:
+    graph = gm.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    target = _outputs(gm)[position]
+    if target is None:
+        return
+    with graph.inserting_before(output):
+        empty = graph.call_function(torch.narrow, (graph.call_method("reshape", (placeholder, -1)), 0, 0, 0))
+        zero = graph.call_method("type_as", (graph.call_method("sum", (empty,)), target))
+        kept = graph.call_function(torch.add, (target, zero))
+    kept.meta = dict(target.meta)
+    output.replace_input_with(target, kept)
