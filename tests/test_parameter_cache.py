@@ -269,21 +269,25 @@ def test_zoo_inference_with_packed_parameters_matches_eager(name):
 def test_random_graphs_with_packed_parameters_match_eager_after_updates():
     from tests.graphgen import random_graph
 
-    packed = 0
-    for seed in range(12):
-        generated = random_graph(seed, opaque=False, inplace=False)
-        module, inputs = generated.gm, generated.example_inputs
-        backend = make_backend(measure=False, profile="h100", raise_on_error=True)
-        torch._dynamo.reset()
-        # static, as the cache serves: generated modules can share forward code with graphs other
-        # tests compiled at other sizes, and Dynamo's automatic dynamic shapes would follow that
-        compiled = torch.compile(module, backend=backend, dynamic=False)
-        with torch.no_grad():
-            _assert_close(compiled(*inputs), module(*inputs), generated.description)
-            _perturb_in_place(module)
-            _assert_close(compiled(*inputs), module(*inputs), generated.description)
-        packed += sum(bool(r.parameter_packs) for r in backend.reports)
+    # static, as the cache serves: generated modules can share forward code with graphs other
+    # tests compiled at other sizes, and Dynamo's automatic dynamic shapes would follow that
+    packed = sum(bool(_packs_after_updates(random_graph(seed, opaque=False, inplace=False), dynamic=False))
+                 for seed in range(12))
     assert packed >= 3  # the generator's towers of one shape give stacks to pack
+
+
+def _packs_after_updates(generated, dynamic: bool) -> int:
+    """Compile a generated graph through the backend, check it against eager before and after
+    its parameters change in place; the number of stacks packed."""
+    module, inputs = generated.gm, generated.example_inputs
+    backend = make_backend(measure=False, profile="h100", raise_on_error=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend, dynamic=dynamic)
+    with torch.no_grad():
+        _assert_close(compiled(*inputs), module(*inputs), generated.description)
+        _perturb_in_place(module)
+        _assert_close(compiled(*inputs), module(*inputs), generated.description)
+    return sum(r.parameter_packs or 0 for r in backend.reports)
 
 
 def test_inference_then_training_then_inference_follows_eager():
@@ -337,16 +341,7 @@ def test_random_graphs_compiled_dynamically_are_cut_without_guard_failures(seed)
     produce_guards). They now go as static fakes of Dynamo's fake mode."""
     from tests.graphgen import random_graph
 
-    generated = random_graph(seed, opaque=False, inplace=False)
-    module, inputs = generated.gm, generated.example_inputs
-    backend = make_backend(measure=False, profile="h100", raise_on_error=True)
-    torch._dynamo.reset()
-    compiled = torch.compile(module, backend=backend, dynamic=True)
-    with torch.no_grad():
-        _assert_close(compiled(*inputs), module(*inputs), generated.description)
-        _perturb_in_place(module)
-        _assert_close(compiled(*inputs), module(*inputs), generated.description)
-    assert any(r.parameter_packs for r in backend.reports)
+    assert _packs_after_updates(random_graph(seed, opaque=False, inplace=False), dynamic=True)
 
 
 def test_packing_under_inference_mode_leaves_parameters_trainable():
