@@ -17,9 +17,10 @@ import torch.utils._pytree as pytree
 
 
 def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
-    """Re-read, in ``optimized``, the floating-point placeholders ``original`` read and
+    """Re-read, in ``optimized``, the floating-point placeholders (matched by position) and
+    the parameters (``get_attr`` or module calls, by name) that ``original`` read and
     ``optimized`` no longer does (:mod:`this module <optimus_eqsat.keep_gradients>`);
-    returns their names. Placeholders correspond by position."""
+    returns their names."""
     before = [n for n in original.graph.nodes if n.op == "placeholder"]
     after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
     if len(before) != len(after):
@@ -35,20 +36,18 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
             kept.append(old.name)
     # the parameters a symbolic_trace graph reads as attributes or through module calls
     still_read = set(_parameter_reads(optimized))
-    for target, reader in _parameter_reads(original).items():
-        if target in still_read:
+    for name, reader in _parameter_reads(original).items():
+        position = None if name in still_read else _dependent_output(reader, outputs)
+        if position is None:
             continue
-        reader_name = target
-        position = _dependent_output(reader, outputs)
-        if position is not None:
-            if _attr(optimized, target) is None:  # the rebuilt module holds only what it reads
-                alias = "kept_" + target.replace(".", "_")
-                setattr(optimized, alias, original.get_parameter(target))  # the same Parameter
-                target = alias
-            with optimized.graph.inserting_before(next(iter(optimized.graph.find_nodes(op="output")))):
-                attr = optimized.graph.get_attr(target)
-            _add_empty_sum(optimized, attr, position)
-            kept.append(reader_name)
+        target = name
+        if _parameter(optimized, name) is None:  # the rebuilt module holds only what it reads
+            target = "kept_" + name.replace(".", "_")
+            setattr(optimized, target, _parameter(original, name))  # the same Parameter
+        with optimized.graph.inserting_before(next(iter(optimized.graph.find_nodes(op="output")))):
+            attr = optimized.graph.get_attr(target)
+        _add_empty_sum(optimized, attr, position)
+        kept.append(name)
     if kept:
         optimized.graph.lint()
         optimized.recompile()
@@ -62,29 +61,26 @@ def _outputs(gm: fx.GraphModule) -> list[fx.Node | None]:
 
 
 def _parameter_reads(gm: fx.GraphModule) -> dict[str, fx.Node]:
-    """Floating parameters read by get_attr or module calls -> the first node reading each."""
+    """Parameters that require gradients, read by get_attr or module calls -> the first node
+    reading each."""
     reads: dict[str, fx.Node] = {}
     for node in gm.graph.nodes:
-        if not node.users and node.op != "call_module":
-            continue
-        if node.op == "get_attr" and isinstance(value := _attr(gm, node.target), torch.Tensor) \
-                and value.is_floating_point():
-            reads.setdefault(str(node.target), node)
+        if node.op == "get_attr" and node.users:
+            p = _parameter(gm, str(node.target))
+            if p is not None and p.requires_grad:
+                reads.setdefault(str(node.target), node)
         elif node.op == "call_module":
             for name, p in gm.get_submodule(str(node.target)).named_parameters():
-                if p.is_floating_point():
+                if p.requires_grad:
                     reads.setdefault(f"{node.target}.{name}", node)
     return reads
 
 
-def _attr(gm: fx.GraphModule, target: str) -> object:
+def _parameter(gm: fx.GraphModule, target: str) -> torch.nn.Parameter | None:
     try:
         return gm.get_parameter(target)
     except AttributeError:
-        try:
-            return gm.get_buffer(target)
-        except AttributeError:
-            return None
+        return None
 
 
 def _floating(node: fx.Node) -> bool:
@@ -112,14 +108,15 @@ def _floating_output(node: fx.Node) -> bool:
     return not isinstance(value, torch.Tensor) or value.is_floating_point()
 
 
-def _add_empty_sum(gm: fx.GraphModule, placeholder: fx.Node, position: int) -> None:
+def _add_empty_sum(gm: fx.GraphModule, value: fx.Node, position: int) -> None:
+    """Output ``position`` of ``gm`` plus an empty sum of ``value``: exactly zero."""
     graph = gm.graph
     output = next(n for n in graph.nodes if n.op == "output")
     target = _outputs(gm)[position]
     if target is None:
         return
     with graph.inserting_before(output):
-        empty = graph.call_function(torch.narrow, (graph.call_method("reshape", (placeholder, -1)), 0, 0, 0))
+        empty = graph.call_function(torch.narrow, (graph.call_method("reshape", (value, -1)), 0, 0, 0))
         zero = graph.call_method("type_as", (graph.call_method("sum", (empty,)), target))
         kept = graph.call_function(torch.add, (target, zero))
     kept.meta = dict(target.meta)
