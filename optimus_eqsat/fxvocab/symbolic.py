@@ -112,12 +112,7 @@ class SymbolicSizes:
 
     def _provably_equal(self, a: sympy.Expr, b: sympy.Expr) -> bool:
         """Whether Dynamo's shape environment proves ``a == b`` for every value (no guard added)."""
-        if self.shape_env is None:
-            return False
-        try:
-            return bool(self.shape_env._maybe_evaluate_static(sympy.Eq(a, b)))
-        except Exception:  # a private helper of ShapeEnv: never a reason to fail
-            return False
+        return bool(self._evaluate_static(sympy.Eq(a, b)))
 
     def encode(self, size: Any) -> int | None:
         """An int as it is, a SymInt as its value (when constant) or code; None otherwise."""
@@ -142,11 +137,17 @@ class SymbolicSizes:
     def _pinned(self, expr: sympy.Expr) -> bool:
         """Whether Dynamo's guards pin ``expr`` to one value (``(s0 + 3)//4`` under
         ``Eq((s0 + 3)//4, 1)``) without replacing it by that value."""
-        try:
-            value = self.shape_env._maybe_evaluate_static(expr)
-        except Exception:  # a private helper of ShapeEnv: never a reason to fail
-            return False
+        value = self._evaluate_static(expr)
         return value is not None and bool(value.is_number)
+
+    def _evaluate_static(self, expr: sympy.Expr) -> sympy.Expr | None:
+        """``expr`` as Dynamo's guards decide it for every value (no guard added), else None."""
+        if self.shape_env is None:
+            return None
+        try:
+            return self.shape_env._maybe_evaluate_static(expr)
+        except Exception:  # a private helper of ShapeEnv: never a reason to fail
+            return None
 
     def encode_shape(self, shape: Iterable[Any]) -> tuple[int, ...] | None:
         """A tensor shape encoded (None when some size is neither int nor SymInt)."""
