@@ -15,6 +15,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from .fxvocab.meta import meta_value
+
 
 def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
     """Re-read, in ``optimized``, the floating-point placeholders (matched by position) and
@@ -85,7 +87,7 @@ def _parameter(gm: fx.GraphModule, target: str) -> torch.nn.Parameter | None:
 
 def _floating(node: fx.Node) -> bool:
     """Whether the placeholder ``node`` holds a floating tensor (by its meta)."""
-    value = node.meta.get("example_value", node.meta.get("val"))
+    value = meta_value(node)
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
@@ -104,7 +106,7 @@ def _dependent_output(node: fx.Node, outputs: list[fx.Node | None]) -> int | Non
 
 
 def _floating_output(node: fx.Node) -> bool:
-    value = node.meta.get("example_value", node.meta.get("val"))
+    value = meta_value(node)
     return not isinstance(value, torch.Tensor) or value.is_floating_point()
 
 
