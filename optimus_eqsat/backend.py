@@ -21,7 +21,7 @@ import torch.fx
 from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
 from .guard import FirstCallChoice, GuardResult
-from .inductor_compat import first_line, is_dynamo_signal
+from .inductor_compat import INDUCTOR_PATCHES, first_line, is_dynamo_signal
 from .objective import freezing_enabled
 from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
 from .report import OptimizeReport
@@ -121,10 +121,11 @@ def post_grad_patches(options: dict[str, Any], reports: list[tuple[str, Optimize
 
 def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
              report: OptimizeReport, patches: dict[str, Any] | None = None) -> Callable | None:
-    """Inductor on the optimized graph (with our post-grad pass in ``patches``); None (and a
-    logged fallback) when Inductor fails on it."""
+    """Inductor on the optimized graph (with our post-grad pass in ``patches``, and
+    :data:`~.inductor_compat.INDUCTOR_PATCHES`); None (and a logged fallback) when Inductor
+    fails on it."""
     try:
-        return compile_fx(gm, example_inputs, config_patches=patches) if patches else compile_fx(gm, example_inputs)
+        return compile_fx(gm, example_inputs, config_patches={**INDUCTOR_PATCHES, **(patches or {})})
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again

@@ -11,6 +11,18 @@ with the same permute fails the same way, so the bug is Inductor's; we only stop
 emitting the form it trips on, by splitting such a key permute back into a
 permute that keeps the last two axes in order and a swap of those two. Views
 launch nothing, so the predicted cost is unchanged.
+
+In-place reuse of a concatenation's piece. Inductor writes the pieces of a ``cat``
+straight into the cat's buffer; each piece is then a buffer that only *aliases* a
+slice of that storage. Its in-place update decision (torch 2.13,
+``Scheduler.decide_inplace_update``) counts the piece's own remaining readers but
+not the cat's, so a pointwise kernel that is the piece's last reader may write its
+result over the piece while the cat is still to be read (seen: a PLE backward whose
+batched gradient matmuls read a cat of ``g`` and ``g.T`` pieces; gradients off by
+thousands, no error). Batching makes many such cats, so every program we hand
+Inductor is compiled with :data:`INDUCTOR_PATCHES` (in-place kernel outputs off).
+Allocation reuse after a buffer dies stays on; the measured choice still compares
+with the original compiled with Inductor's defaults.
 """
 
 from __future__ import annotations
@@ -19,7 +31,10 @@ import torch
 
 from .fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
 
-__all__ = ["split_attention_key_permutes", "is_dynamo_signal", "first_line"]
+__all__ = ["split_attention_key_permutes", "is_dynamo_signal", "first_line", "INDUCTOR_PATCHES"]
+
+#: Inductor config for the programs we compile (see the module docstring).
+INDUCTOR_PATCHES: dict[str, object] = {"inplace_buffers": False}
 
 
 def is_dynamo_signal(exc: BaseException) -> bool:
