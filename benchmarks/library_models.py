@@ -1,0 +1,201 @@
+"""Models from maintained recommendation libraries, compiled as a new user would.
+
+``torch.compile(model, backend="optimus_eqsat")`` on the CTR and multi-task models
+of torch-rechub and deepctr-torch (whichever is installed: ``pip install
+torch-rechub deepctr-torch``; neither is a dependency of this project), small
+configurations with random inputs:
+
+- ``--check``: outputs and gradients (training) of the optimized program, without
+  the measured choice so the optimizer's own program runs, against eager; a
+  gradient counts as wrong past ``1e-4`` of the largest gradient of the model (batch
+  norm makes the bias gradients before it float noise around zero);
+- ``--time``: step time of the default backend (measured choice on) against
+  Inductor default's, in interleaved rounds (:mod:`benchmarks.rounds`).
+
+    python -m benchmarks.library_models --check --time --batches 256 --threads 1 \\
+        --out benchmarks/results/library
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .measure import make_step, timed_step
+from .rounds import RoundPlan, run_rounds
+
+Case = tuple[torch.nn.Module, tuple[Any, ...]]  # a model and its positional inputs
+
+
+def _rechub_builders() -> dict[str, Callable[[int], Case]]:
+    from torch_rechub.basic.features import DenseFeature, SequenceFeature, SparseFeature
+    from torch_rechub.models import multi_task as mt
+    from torch_rechub.models import ranking as rk
+
+    def case(make: Callable[..., torch.nn.Module], history: bool = False) -> Callable[[int], Case]:
+        def build(batch: int) -> Case:
+            sparse = [SparseFeature(f"s{i}", 100, 8) for i in range(6)]
+            dense = [DenseFeature(f"d{i}") for i in range(3)]
+            # a behaviour sequence and a target item, both looked up in s0's table
+            extra = [SequenceFeature("h0", 100, 8, pooling="concat", shared_with="s0"),
+                     SparseFeature("t0", 100, 8, shared_with="s0")] if history else []
+            model = make(sparse, dense, *extra)
+            features = [*sparse, *dense, *extra]
+            inputs = {f.name: torch.randint(0, 100, (batch, 5)) if isinstance(f, SequenceFeature)
+                      else torch.randint(0, 100, (batch,)) if isinstance(f, SparseFeature)
+                      else torch.randn(batch) for f in features}
+            return model, (inputs,)
+        return build
+
+    mlp, towers = {"dims": [32, 16]}, [{"dims": [8]}, {"dims": [8]}]
+    two = ["classification", "classification"]
+    return {
+        "rechub.MMOE": case(lambda s, d: mt.MMOE(s + d, two, 4, mlp, towers)),
+        "rechub.PLE": case(lambda s, d: mt.PLE(s + d, two, 2, 2, 1, mlp, towers)),
+        "rechub.SharedBottom": case(lambda s, d: mt.SharedBottom(s + d, two, mlp, towers)),
+        "rechub.AITM": case(lambda s, d: mt.AITM(s + d, 2, mlp, towers)),
+        "rechub.DeepFM": case(lambda s, d: rk.DeepFM(s + d, s, mlp)),
+        "rechub.DCN": case(lambda s, d: rk.DCN(s + d, 3, mlp)),
+        "rechub.DCNv2": case(lambda s, d: rk.DCNv2(s + d, 3, mlp)),
+        "rechub.AutoInt": case(lambda s, d: rk.AutoInt(s, d, mlp_params=mlp)),
+        "rechub.FiBiNet": case(lambda s, d: rk.FiBiNet(s, mlp)),
+        "rechub.DIN": case(lambda s, d, seq, target: rk.DIN(s, [seq], [target], mlp,
+                                                            {"dims": [16], "activation": "dice"}), history=True),
+    }
+
+
+def _deepctr_builders() -> dict[str, Callable[[int], Case]]:
+    import deepctr_torch.models as dc
+    from deepctr_torch.inputs import DenseFeat, SparseFeat
+
+    def case(make: Callable[[list], torch.nn.Module]) -> Callable[[int], Case]:
+        def build(batch: int) -> Case:
+            columns = [SparseFeat(f"s{i}", 50, embedding_dim=8) for i in range(6)] + [DenseFeat(f"d{i}", 1) for i in range(3)]
+            model = make(columns)
+            x = torch.cat([torch.randint(0, 50, (batch, 6)).float(), torch.randn(batch, 3)], dim=1)
+            return model, (x,)
+        return build
+
+    return {f"deepctr.{name}": case(make) for name, make in {
+        "WDL": lambda c: dc.WDL(c, c), "DeepFM": lambda c: dc.DeepFM(c, c), "xDeepFM": lambda c: dc.xDeepFM(c, c),
+        "DCN": lambda c: dc.DCN(c, c), "DCNMix": lambda c: dc.DCNMix(c, c), "AutoInt": lambda c: dc.AutoInt(c, c),
+        "FiBiNET": lambda c: dc.FiBiNET(c, c), "NFM": lambda c: dc.NFM(c, c), "AFN": lambda c: dc.AFN(c, c),
+        "MMOE": lambda c: dc.MMOE(c), "PLE": lambda c: dc.PLE(c), "ESMM": lambda c: dc.ESMM(c),
+    }.items()}
+
+
+def library_cases() -> dict[str, Callable[[int], Case]]:
+    """Builders (batch -> model, inputs) of every installed library's models."""
+    cases: dict[str, Callable[[int], Case]] = {}
+    for builders in (_rechub_builders, _deepctr_builders):
+        try:
+            cases.update(builders())
+        except ImportError as exc:
+            logging.getLogger(__name__).warning("skipping a library: %s", exc)
+    return cases
+
+
+def _loss(out: Any) -> torch.Tensor:
+    return sum(o.float().sum() for o in (out if isinstance(out, (tuple, list)) else [out]))
+
+
+def check(build: Callable[[int], Case], batch: int, training: bool) -> dict[str, Any]:
+    """The optimizer's program (no measured choice) against eager: largest output error and
+    largest gradient error relative to the model's largest gradient."""
+    from optimus_eqsat.backend import make_backend
+
+    torch.manual_seed(0)
+    model, inputs = build(batch)
+    model.train(training)
+    ours = copy.deepcopy(model)
+    backend = make_backend(measure=False)
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(training):
+        want = model(*inputs)
+        got = torch.compile(ours, backend=backend)(*inputs)
+    row = {"output_err": (got - want).abs().max().item(), "grad_err": 0.0,
+           "fallback": "; ".join(r.fallback_reason for r in backend.reports if r.fallback_reason)}
+    if training:
+        _loss(want).backward()
+        _loss(got).backward()
+        scale = max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None) or 1.0
+        for p, q in zip(model.parameters(), ours.parameters()):
+            if (p.grad is None) != (q.grad is None):
+                row["grad_err"] = float("inf")
+            elif p.grad is not None:
+                row["grad_err"] = max(row["grad_err"], (p.grad - q.grad).abs().max().item() / scale)
+    return row
+
+
+def time_step(build: Callable[[int], Case], batch: int, training: bool, plan: RoundPlan) -> dict[str, Any]:
+    """Step time of the default backend and of Inductor, interleaved: medians and the paired ratio."""
+    steps, compile_s = {}, {}
+    for method in ("inductor", "optimus_eqsat"):
+        torch.manual_seed(0)
+        model, inputs = build(batch)
+        model.train(training)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=method)
+        step = make_step(lambda *xs, c=compiled: c(*xs), model, inputs, training)
+        start = time.perf_counter()
+        step()  # compiles (and, for ours, runs the measured choice)
+        compile_s[method] = time.perf_counter() - start
+        steps[method] = timed_step(step, "cpu")
+    rounds = run_rounds(steps, plan, baseline="inductor")
+    ratios = rounds.ratios("inductor")["optimus_eqsat"]
+    deciles = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else [ratios[0]] * 9
+    return {"inductor_ms": statistics.median(rounds.round_ms["inductor"]),
+            "ours_ms": statistics.median(rounds.round_ms["optimus_eqsat"]),
+            "ratio": statistics.median(ratios), "ratio_p10": deciles[0], "ratio_p90": deciles[-1],
+            "rounds": len(ratios), "first_call_s_inductor": compile_s["inductor"],
+            "first_call_s_ours": compile_s["optimus_eqsat"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated names (default: all installed)")
+    parser.add_argument("--modes", default="inference,training")
+    parser.add_argument("--batches", default="256")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--time", action="store_true")
+    parser.add_argument("--max-rounds", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=None, help="folder for library.csv")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cases = library_cases()
+    names = [n for n in args.models.split(",") if n] or list(cases)
+    plan = RoundPlan(max_rounds=args.max_rounds, max_seconds=60.0)
+    rows = []
+    for name in names:
+        for mode in args.modes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                row: dict[str, Any] = {"model": name, "mode": mode, "batch": batch}
+                try:
+                    if args.check:
+                        row.update(check(cases[name], batch, mode == "training"))
+                    if args.time:
+                        row.update(time_step(cases[name], batch, mode == "training", plan))
+                except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
+                    row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+                rows.append(row)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        with open(args.out / "library.csv", "w", newline="") as fh:
+            writer = csv.DictWriter(fh, keys)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
