@@ -135,8 +135,10 @@ def check(build: Callable[[int], Case], batch: int, training: bool) -> dict[str,
     return row
 
 
-def time_step(build: Callable[[int], Case], batch: int, training: bool, plan: RoundPlan) -> dict[str, Any]:
-    """Step time of the default backend and of Inductor, interleaved: medians and the paired ratio."""
+def time_step(build: Callable[[int], Case], batch: int, training: bool, plan: RoundPlan,
+              clock: str = "wall") -> dict[str, Any]:
+    """Step time of the default backend and of Inductor, interleaved: medians and the paired ratio
+    (``clock``: :func:`benchmarks.measure.timed_step`'s)."""
     steps, compile_s = {}, {}
     for method in ("inductor", "optimus_eqsat"):
         torch.manual_seed(0)
@@ -148,7 +150,7 @@ def time_step(build: Callable[[int], Case], batch: int, training: bool, plan: Ro
         start = time.perf_counter()
         step()  # compiles (and, for ours, runs the measured choice)
         compile_s[method] = time.perf_counter() - start
-        steps[method] = timed_step(step, "cpu")
+        steps[method] = timed_step(step, "cpu", clock)
     rounds = run_rounds(steps, plan, baseline="inductor")
     ratios = rounds.ratios("inductor")["optimus_eqsat"]
     deciles = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else [ratios[0]] * 9
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--time", action="store_true")
     parser.add_argument("--max-rounds", type=int, default=20)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this process's CPU time (one thread; a shared machine's preemption not counted)")
     parser.add_argument("--out", type=Path, default=None, help="folder for library.csv")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                     if args.check:
                         row.update(check(cases[name], batch, mode == "training"))
                     if args.time:
-                        row.update(time_step(cases[name], batch, mode == "training", plan))
+                        row.update(time_step(cases[name], batch, mode == "training", plan, args.clock))
                 except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
                     row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
                 print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
