@@ -18,8 +18,8 @@ slice of that storage. Its in-place update decision (torch 2.13,
 ``Scheduler.decide_inplace_update``) counts the piece's own remaining readers but
 not the cat's, so a pointwise kernel that is the piece's last reader may write its
 result over the piece while the cat is still to be read (seen: a PLE backward whose
-batched gradient matmuls read a cat of ``g`` and ``g.T`` pieces; gradients off by
-thousands, no error). Batching makes many such cats, so every program we hand
+batched gradient matmuls read a cat of ``g`` and ``g.T`` pieces; wrong gradients,
+no error). Batching makes many such cats, so every program we hand
 Inductor is compiled with :data:`INDUCTOR_PATCHES` (in-place kernel outputs off).
 Allocation reuse after a buffer dies stays on; the measured choice still compares
 with the original compiled with Inductor's defaults.
