@@ -46,7 +46,7 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
         if _parameter(optimized, name) is None:  # the rebuilt module holds only what it reads
             target = "kept_" + name.replace(".", "_")
             setattr(optimized, target, _parameter(original, name))  # the same Parameter
-        with optimized.graph.inserting_before(next(iter(optimized.graph.find_nodes(op="output")))):
+        with optimized.graph.inserting_before(optimized.graph.output_node()):
             attr = optimized.graph.get_attr(target)
         _add_empty_sum(optimized, attr, position)
         kept.append(name)
@@ -58,7 +58,7 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
 
 def _outputs(gm: fx.GraphModule) -> list[fx.Node | None]:
     """The graph's outputs in order (None where an output is not a node)."""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output = gm.graph.output_node()
     return [a if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(output.args[0])]
 
 
@@ -113,7 +113,7 @@ def _floating_output(node: fx.Node) -> bool:
 def _add_empty_sum(gm: fx.GraphModule, value: fx.Node, position: int) -> None:
     """Output ``position`` of ``gm`` plus an empty sum of ``value``: exactly zero."""
     graph = gm.graph
-    output = next(n for n in graph.nodes if n.op == "output")
+    output = graph.output_node()
     target = _outputs(gm)[position]
     if target is None:
         return
