@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .measure import make_step, timed_step
+from .measure import flat_outputs, make_step, timed_step
 from .rounds import RoundPlan, run_rounds
 
 Case = tuple[torch.nn.Module, tuple[Any, ...]]  # a model and its positional inputs
@@ -104,7 +104,7 @@ def library_cases() -> dict[str, Callable[[int], Case]]:
 
 
 def _loss(out: Any) -> torch.Tensor:
-    return sum(o.float().sum() for o in (out if isinstance(out, (tuple, list)) else [out]))
+    return sum(o.float().sum() for o in flat_outputs(out))
 
 
 def check(build: Callable[[int], Case], batch: int, training: bool) -> dict[str, Any]:
