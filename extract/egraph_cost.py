@@ -23,9 +23,10 @@ own dispatch on top: there it never beats the plain linears. Packing terms
 from __future__ import annotations
 
 import math
-from typing import Callable, Collection
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from ..term import CTORS, Role
+from .egraph import ENode, ExtractionGraph
 from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_costs, kernel_time
 from .fusion_triton import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
 
@@ -113,11 +114,7 @@ class EGraphCost:
             return VIEW_COST
         p = self.profile
         if role is Role.CELL:
-            if p.codegen != "triton":  # a CPU cat is a ConcatKernel: the wrapper names each input's slot
-                return VIEW_COST + p.view_s
-            if node.children[0] in self.input_classes or self.list_lengths.get(c, 0) <= MAX_POINTWISE_CAT_INPUTS:
-                return VIEW_COST
-            return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT)
+            return self.cell(node, self.list_lengths.get(c, 0))
         moved = self._bytes((c,) + node.children)
         if role is Role.ELEMENTWISE:
             return self._fused_pointwise(c, moved)
@@ -139,6 +136,21 @@ class EGraphCost:
             rows = _numel(out) // out[-1] if out and out[-1] else 1
             time += p.reduction_s + rows * p.reduction_row_s
         return time
+
+    def cell(self, node, length: int, exact: bool = False) -> float:
+        """A list cell (``TCons``) starting a list of ``length`` members (see ``CELL_LAUNCH_SHARE``).
+
+        ``exact``: ``length`` is that of the list as chosen (``reprice_cells``), so the one
+        cell starting the 9th member from the end also pays a launch: the list is a
+        ConcatKernel (its foreach copy of graph inputs) rather than a pointwise cat that
+        its inputs' producers fuse into."""
+        p = self.profile
+        if p.codegen != "triton":  # a CPU cat is a ConcatKernel: the wrapper names each input's slot
+            return VIEW_COST + p.view_s
+        concat = p.launch_s(KernelKind.CAT) if exact and length == MAX_POINTWISE_CAT_INPUTS + 1 else 0.0
+        if node.children[0] in self.input_classes or length <= MAX_POINTWISE_CAT_INPUTS:
+            return VIEW_COST + concat
+        return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT) + concat
 
     def _fused_pointwise(self, c: int, moved: int) -> float:
         """A pointwise op: its traffic, and a share of a launch and its buffer (it usually
@@ -181,3 +193,52 @@ class EGraphCost:
         first = self.shapes.get(node.children[0]) if node.children else None
         k = first[-1] if first else 1
         return 2.0 * _numel(out) * k
+
+
+def chosen_list_lengths(classes: Sequence[Sequence[Any]], choice: Mapping[int, int]) -> dict[int, int]:
+    """Members of the list each chosen list class holds in the extraction ``choice``
+    (``classes``: the exported e-graph's term nodes; chosen lists are TCons chains)."""
+    lengths: dict[int, int] = {}
+    for start in choice:
+        chain, c = [], start
+        while c in choice and c not in lengths and classes[c][choice[c]].ctor in ("TCons", "TNil"):
+            chain.append(c)
+            node = classes[c][choice[c]]
+            if node.ctor == "TNil":
+                break
+            c = node.children[1]
+        end = lengths.get(c, 0)  # a TNil, a list walked before, or (not a list) nothing
+        for c in reversed(chain):
+            if classes[c][choice[c]].ctor == "TNil":
+                lengths[c] = end = 0
+            else:
+                lengths[c] = end = end + 1
+    return lengths
+
+
+def reprice_cells(graph: ExtractionGraph, classes: Sequence[Sequence[Any]], choice: Mapping[int, int],
+                  cost: EGraphCost) -> ExtractionGraph | None:
+    """``graph`` with every list cell priced by the list it starts as the extraction
+    ``choice`` builds it; None when that changes nothing (no chosen list is longer than a
+    cat Inductor fuses, or the profile's cats are never fused).
+
+    The first pricing charges a cell by the fewest members its list class can hold, and
+    equal lists share a class: a long flattened list (one ConcatKernel copy per input
+    past the 8th) and a short one (a few views) are one class, so every cell of the long
+    one looks free. Here a cell's list is one member plus its tail as chosen (or, where
+    the tail was not chosen, the fewest it can hold): re-extracting prices the lists the
+    first extraction picked as long as they are.
+    """
+    if cost.profile.codegen != "triton":
+        return None
+    lengths = chosen_list_lengths(classes, choice)
+    if max(lengths.values(), default=0) <= MAX_POINTWISE_CAT_INPUTS:
+        return None
+    repriced = list(graph.classes)
+    for c, nodes in enumerate(classes):
+        if not any(n.ctor == "TCons" for n in nodes):
+            continue
+        repriced[c] = [ENode(e.op, e.children, cost.cell(n, 1 + lengths.get(tail := n.children[1],
+                                                                              cost.list_lengths.get(tail, 0)), exact=True))
+                       if n.ctor == "TCons" else e for e, n in zip(graph.classes[c], nodes)]
+    return ExtractionGraph(repriced, graph.roots)

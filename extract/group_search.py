@@ -50,6 +50,21 @@ def batch_group_moves(egraph: Any, groups: Sequence[tuple[int, Sequence[int]]],
     return moves
 
 
+def long_cat_moves(egraph: Any, choice: dict[int, int], lengths: dict[int, int], limit: int) -> list[GroupMove]:
+    """For every chosen cat whose list holds more than ``limit`` members (``lengths``: of
+    the chosen lists), each other cat node of its class (the same tensor from another
+    list: a few views instead of many slices) as a move. Greedy passes value a list by
+    its tree cost, which hides what a long list costs as a whole."""
+    moves = []
+    for c, k in choice.items():
+        node = egraph.classes[c][k]
+        if node.ctor != "Cat" or lengths.get(node.children[0], 0) <= limit:
+            continue
+        moves.extend(GroupMove(f"cat{c}:{j}", {c: j}) for j, other in enumerate(egraph.classes[c])
+                     if j != k and other.ctor == "Cat")
+    return moves
+
+
 def path_to(egraph: Any, start: int, target: int | None, depth: int = 3) -> dict[int, int] | None:
     """Node choices leading from class ``start`` to class ``target`` in at most ``depth`` steps
     (a member's Reshape(Slice(batched)) alternative), or None."""

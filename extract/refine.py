@@ -24,6 +24,8 @@ from optimus_eqsat.fx_graphs import predict
 
 from ..term import CTORS, Role
 from .egraph import ENode, ExtractionGraph
+from .egraph_cost import MAX_POINTWISE_CAT_INPUTS, chosen_list_lengths, reprice_cells
+from .group_search import improve_with_groups, long_cat_moves
 
 if TYPE_CHECKING:
     from optimus_eqsat.api import OptimizationRun
@@ -149,6 +151,30 @@ class BatchRefine:
         return best
 
 
+def _relist(run: OptimizationRun, policy: BatchRefine, result: torch.fx.GraphModule, launches: int,
+            seconds: float) -> tuple[torch.fx.GraphModule, int, float]:
+    """Re-extract with list cells priced by the lists the extraction chose
+    (``egraph_cost.reprice_cells``); keep it when the fusion-aware model says it is
+    faster. Returns the kept program (built cheaply), its launches and seconds."""
+    relisted = reprice_cells(run.graph, run.egraph.classes, run.extraction.choice, run.cost)
+    if relisted is None or policy.variant_seconds(run.report.phase_seconds, run.report.extractor) is None:
+        return result, launches, seconds
+    before = run.graph, run.extraction
+    run.report.refine_tried.append(["relist-cats"])
+    run.extract(graph=relisted, extractor="greedy")
+    lengths = chosen_list_lengths(run.egraph.classes, run.extraction.choice)
+    moves = long_cat_moves(run.egraph, run.extraction.choice, lengths, MAX_POINTWISE_CAT_INPUTS)
+    run.extraction, taken = improve_with_groups(relisted, run.extraction, moves)
+    run.report.group_moves = run.report.group_moves + taken
+    candidate = run.build(meta=False)
+    n, t = predict(candidate, run.example_inputs, run.objective)
+    if t < seconds * (1 - 1e-9):
+        return candidate, n, t
+    run.graph, run.extraction = before
+    run.report.record_extraction(run.extraction)
+    return result, launches, seconds
+
+
 def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int,
                seconds: float) -> tuple[torch.fx.GraphModule | None, int, float]:
     """Refine a run's extraction in place: drop the batch kinds that do not pay.
@@ -158,6 +184,7 @@ def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int
     variant won and is now ``run.extraction``; its launches; its seconds).
     """
     policy = BatchRefine(run.egraph, run.batches.outputs, run.options.refine_time_limit_s)
+    result, launches, seconds = _relist(run, policy, result, launches, seconds)
     main_graph, first = run.graph, (run.graph, run.extraction)
 
     def build_variant(dropped: tuple[str, ...]) -> tuple[tuple, torch.fx.GraphModule]:

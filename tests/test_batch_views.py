@@ -64,6 +64,67 @@ def test_strided_runs_stop_where_the_stride_leaves_the_source():
     assert run.contiguous_piece == 1  # left to the cat-run rules when cat on dim 1
 
 
+def test_cyclic_runs_need_a_cat_dim_a_repeated_cycle_and_a_window_inside_the_source():
+    t = _translation({0: (2, 40)})
+
+    def pieces(spans):
+        return [Item(Id(0), (2, b - a), piece=(0, 1, a, b)) for a, b in spans]
+
+    # a block of 10 columns with its first two pieces swapped, three times: 9 slices
+    swapped = pieces([(4, 6), (0, 4), (6, 10), (14, 16), (10, 14), (16, 20), (24, 26), (20, 24), (26, 30)])
+    assert all(r.cat_build is None for r in find_runs(t, swapped))  # not in a cat: no cyclic runs
+    [run] = find_runs(t, swapped, cat_dim=1)
+    assert (run.start, run.stop) == (0, 9) and run.cat_build is not None
+    assert all(r.cat_build is None for r in find_runs(t, swapped, cat_dim=0))  # sliced on another dim
+    # adjacent pieces in order are one slice: left to the cat-run rules
+    in_order = pieces([(0, 4), (4, 6), (6, 10), (10, 14), (14, 16), (16, 20)])
+    assert all(r.cat_build is None for r in find_runs(t, in_order, cat_dim=1))
+    # a fourth repetition's window (30..40) fits; past a source of 38 columns it reads the
+    # source zero-padded, but a repetition missing a piece ends the run
+    four = swapped + pieces([(34, 36), (30, 34), (36, 40)])
+    assert [(r.start, r.stop) for r in find_runs(t, four, cat_dim=1)][0] == (0, 12)
+    t = _translation({0: (2, 38)})
+    assert [(r.start, r.stop) for r in find_runs(t, swapped + pieces([(34, 36), (30, 34), (36, 38)]),
+                                                 cat_dim=1)][0] == (0, 9)
+
+
+def test_strided_runs_over_a_zero_padded_source_reach_its_last_piece():
+    t = _translation({0: (2, 26)})
+    fits = [Item(Id(0), (2, 4), piece=(0, 1, o, o + 4)) for o in (0, 10, 20)]
+    assert [(r.start, r.stop) for r in find_runs(t, fits, pad=True)] == [(0, 3)]
+
+
+class PermutedBlocks(nn.Module):
+    """Features through their own projection, then the raw input's blocks of 10 columns
+    with their first two pieces swapped, a second input and its tanh, all in one cat (the
+    dynamic schema's head)."""
+
+    def __init__(self, blocks: int):
+        super().__init__()
+        self.blocks = blocks
+        self.projs = nn.ModuleList(nn.Linear(10, 8) for _ in range(blocks))
+
+    def forward(self, x, y):
+        outs = [torch.relu(self.projs[k](x[:, 10 * k : 10 * k + 10])) for k in range(self.blocks)]
+        passthrough = [x[:, 10 * k + s : 10 * k + e] for k in range(self.blocks) for s, e in ((4, 6), (0, 4), (6, 10))]
+        return torch.cat(outs + passthrough + [y, torch.tanh(y)], dim=1)
+
+
+def test_a_cat_of_permuted_blocks_reads_one_view_and_fuses():
+    torch.manual_seed(0)
+    model = PermutedBlocks(6)
+    x, y = torch.randn(5, 60), torch.randn(5, 7)
+    gm = torch.fx.symbolic_trace(model)
+    # priced as on a GPU, where a cat of more than 8 inputs is a ConcatKernel of copies
+    optimized = optimize_and_check(model, x, y, profile="h100", mode="inference")
+    cats = [n for n in optimized.graph.nodes if n.target is torch.cat]
+    # 6 features and 18 passthrough slices: the features one view of the batched result,
+    # the slices one view of x (a cycle of three, six times) concatenated on a new dim
+    assert max(len(c.args[0]) for c in cats) <= 8, optimized.code
+    assert any(c.args[1] == 2 for c in cats), optimized.code
+    assert predicted_launches(optimized, (x, y), profile="h100") < predicted_launches(gm, (x, y), profile="h100")
+
+
 class Interleaved(nn.Module):
     """Features of widths cycling through three classes: layer norm, projection and the
     class's activation, concatenated in feature order (the dynamic-schema shape)."""

@@ -97,6 +97,15 @@ def test_study_row_at_a_few_features(tmp_path):
     assert (tmp_path / "extreme_study.csv").read_text().startswith("generator,features")
 
 
+def test_ragged_programs_are_within_the_target_of_their_floor():
+    """35 features: whole triples and a tail of two, two whole passthrough blocks (a cyclic
+    run the head's cat reads as one view) and a partial third. Inference and frozen
+    inference within 1.2x of the padded floor's predicted launches (the study's target)."""
+    row = study_row("ragged", 35, StudyOptions(training=False, inductor_optimus=False, profiles=("h200",)))
+    for variant in ("inf", "frozen"):
+        assert row[f"h200_{variant}_ours"] <= 1.2 * row[f"floor_{variant}"], row
+
+
 def test_targets_judge_the_uniform_reductions():
     row = {"generator": "uniform", "features": 2000, "h200_inf_default": 6000, "h200_inf_ours": 5,
            "h200_inf_x": 1200.0, "h200_train_default": 16000, "h200_train_ours": 40, "h200_train_x": 400.0,

@@ -15,7 +15,16 @@ cell; but two kinds of runs in such lists are views of one tensor:
   (the second is a cat of p inputs, which Inductor fuses into its reader);
 * *strided runs*: slices of one source along one dim with equal widths w at
   offsets a, a+P, a+2P, ... (P >= w): ``x.narrow(d, a, L*P)`` unflattened to
-  (L, P) at d, sliced to w, with the L dim moved to the front.
+  (L, P) at d, sliced to w, with the L dim moved to the front;
+* *cyclic runs* (cats only): a cycle of p slices of one source along the cat's
+  dim, any widths and order (a reordered block, a gather of a few columns),
+  repeated L times at a constant stride P: ``x.narrow(d, a, L*P)`` unflattened
+  to (L, P) at d, each cycle position sliced out of the P and the p slices
+  concatenated there, then flattened back: one cat input instead of p * L.
+
+Where the last stride window of a run would end past the source, the run reads
+the source zero-padded to fit (``F.pad``, a pointwise op its readers inline):
+stacks get that as one more alternative, cyclic runs always.
 
 :func:`stack_terms` builds ``torch.stack(items)`` from such runs (batching's
 operand stacks); :func:`cat_alternatives` gives every concatenation of the
@@ -30,7 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
-from ...term import Cat, Fact, Id, Permute, Reshape, Slice, Term, Union, cons_list
+import torch.nn.functional as F
+
+from ...opspec import POINTWISE, OpSpec
+from ...opspec import Slot as Operand
+from ...term import Cat, Fact, Id, KnownShape, Op1, Permute, Reshape, Slice, Term, Union, cons_list
 from ...translate import Translation
 
 Slot = tuple[Hashable, int]  # (batched term, position of the member in it)
@@ -102,8 +115,9 @@ def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
     return length, cycle
 
 
-def _strided_run(t: Translation, items: list[Item], j: int) -> tuple[int, int]:
-    """Length and stride of the evenly spaced slices of one source starting at ``j``."""
+def _strided_run(t: Translation, items: list[Item], j: int, pad: bool = False) -> tuple[int, int]:
+    """Length and stride of the evenly spaced slices of one source starting at ``j``.
+    ``pad``: the source may be zero-padded so the last slice's stride window fits."""
     src, dim, a0, b0 = items[j].piece
     width = b0 - a0
     if j + 1 >= len(items) or items[j + 1].piece is None or src not in t.shapes:
@@ -118,8 +132,9 @@ def _strided_run(t: Translation, items: list[Item], j: int) -> tuple[int, int]:
         if it.piece != (src, dim, a0 + length * stride, a0 + length * stride + width) or it.shape != items[j].shape:
             break
         length += 1
-    while length >= 2 and a0 + length * stride > t.shapes[src][dim]:
-        length -= 1  # the last piece may end the source: its stride runs past it
+    if not (pad and isinstance(t.shapes[src][dim], int)):
+        while length >= 2 and a0 + length * stride > t.shapes[src][dim]:
+            length -= 1  # the last piece may end the source: its stride runs past it
     return (length, stride) if length >= 2 else (0, 0)
 
 
@@ -133,10 +148,73 @@ class Run:
     build: StackBuilder | None  # None: a single item
     contiguous_piece: int | None = None  # dim of a run of adjacent slices (cat rules already merge those)
     members: bool = False  # a member run: its items may also be computed one by one
+    # A cyclic run (only in a cat): builds the items' concatenation on the cat's dim itself.
+    cat_build: StackBuilder | None = None
 
 
-def find_runs(t: Translation, items: list[Item]) -> list[Run]:
-    """Split ``items`` into member runs, strided runs and single items, in one pass."""
+MAX_CYCLE = 16  # longest cycle of slices a cyclic run looks for (the search is linear in it)
+
+
+def _cyclic_run(t: Translation, items: list[Item], j: int, cat_dim: int) -> tuple[int, int, int]:
+    """Length (items), cycle length p >= 2 and stride of the cyclic run starting at ``j``
+    (module docstring); (0, 0, 0) when there is none."""
+    src, dim, a0, _ = items[j].piece
+    if dim != cat_dim or src not in t.shapes:
+        return 0, 0, 0
+    src_shape = t.shapes[src]
+
+    def slice_at(q: int) -> tuple[int, int] | None:  # (start, end) of item q when a slice of src on dim
+        it = items[q] if q < len(items) else None
+        if it is None or it.piece is None or it.piece[:2] != (src, dim):
+            return None
+        start, end = it.piece[2:]
+        return (start, end) if it.shape == src_shape[:dim] + (end - start,) + src_shape[dim + 1 :] else None
+
+    for p in range(2, min(MAX_CYCLE, (len(items) - j) // 2) + 1):
+        cycle = [slice_at(j + i) for i in range(p)]
+        nxt = slice_at(j + p)
+        if None in cycle or nxt is None:
+            break  # the cycle has to be slices of src throughout
+        stride, base = nxt[0] - a0, min(a for a, _ in cycle)
+        if stride <= 0 or max(b for _, b in cycle) - base > stride:
+            continue
+        if stride == sum(b - a for a, b in cycle) and all(cycle[i][1] == cycle[i + 1][0] for i in range(p - 1)):
+            return 0, 0, 0  # adjacent slices in order: one contiguous slice, the cat rules' work
+        reps = 1
+        while all(slice_at(j + reps * p + i) == (a + reps * stride, b + reps * stride) for i, (a, b) in
+                  enumerate(cycle)):
+            reps += 1
+        while not isinstance(src_shape[dim], int) and reps >= 2 and base + reps * stride > src_shape[dim]:
+            reps -= 1  # the last window would run past a source of unknown size (known: zero-padded)
+        if reps >= 2:
+            return reps * p, p, stride
+    return 0, 0, 0
+
+
+def _cyclic_cat(t: Translation, items: list[Item], j: int, p: int, stride: int, reps: int) -> StackBuilder:
+    src, dim = items[j].piece[:2]
+    src_shape = t.shapes[src]
+    cycle = [items[j + i].piece[2:] for i in range(p)]
+    base = min(a for a, _ in cycle)
+    widths = [b - a for a, b in cycle]
+
+    overrun = base + reps * stride - src_shape[dim] if isinstance(src_shape[dim], int) else 0
+
+    def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
+        source: Term = Id(src) if overrun <= 0 else _zero_padded(t, src, dim, overrun, emit)
+        window = Slice(source, dim, base, base + reps * stride)
+        rows = Reshape(window, src_shape[:dim] + (reps, stride) + src_shape[dim + 1 :])
+        columns = [Slice(rows, dim + 1, a - base, b - base) for a, b in cycle]
+        picked = Cat(cons_list(columns, dim + 1, emit, new_list_id, widths))
+        return Reshape(picked, src_shape[:dim] + (reps * sum(widths),) + src_shape[dim + 1 :])
+
+    return build
+
+
+def find_runs(t: Translation, items: list[Item], cat_dim: int | None = None, pad: bool = False) -> list[Run]:
+    """Split ``items`` into member runs, strided runs and single items, in one pass;
+    with ``cat_dim`` (the items of a cat on that dim) also cyclic runs; with ``pad``,
+    strided runs read a zero-padded source where the last stride window runs past it."""
     runs, j = [], 0
     while j < len(items):
         it = items[j]
@@ -146,11 +224,15 @@ def find_runs(t: Translation, items: list[Item]) -> list[Run]:
             if length >= 2:
                 run = Run(j, j + length, it.shape, _member_stack(cycle, length, it.shape), members=True)
         if run is None and it.shape is not None and it.piece is not None:
-            length, stride = _strided_run(t, items, j)
+            length, stride = _strided_run(t, items, j, pad)
             if length >= 2:
                 src, dim, a0, b0 = it.piece
-                run = Run(j, j + length, it.shape, _strided_stack(t.shapes[src], it.piece, stride, length, it.shape),
+                run = Run(j, j + length, it.shape, _strided_stack(t, it.piece, stride, length, it.shape),
                           dim if stride == b0 - a0 else None)
+        if run is None and cat_dim is not None and it.piece is not None:
+            length, p, stride = _cyclic_run(t, items, j, cat_dim)
+            if length:
+                run = Run(j, j + length, it.shape, None, cat_build=_cyclic_cat(t, items, j, p, stride, length // p))
         runs.append(run or Run(j, j + 1, it.shape, None))
         j = runs[-1].stop
     return runs
@@ -170,12 +252,15 @@ def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]) -> Sta
     return build
 
 
-def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int], stride: int, length: int,
+def _strided_stack(t: Translation, piece: tuple[int, int, int, int], stride: int, length: int,
                    shape: tuple[int, ...]) -> StackBuilder:
     src, dim, a0, b0 = piece
+    src_shape = t.shapes[src]
+    overrun = a0 + length * stride - src_shape[dim] if isinstance(src_shape[dim], int) else 0
 
     def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
-        window = Slice(Id(src), dim, a0, a0 + length * stride)
+        source: Term = Id(src) if overrun <= 0 else _zero_padded(t, src, dim, overrun, emit)
+        window = Slice(source, dim, a0, a0 + length * stride)
         rows = Reshape(window, src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])
         perm = (dim,) + tuple(range(dim)) + tuple(range(dim + 1, len(src_shape) + 1))
         picked = Permute(Slice(rows, dim + 1, 0, b0 - a0), perm)
@@ -184,23 +269,41 @@ def _strided_stack(src_shape: tuple[int, ...], piece: tuple[int, int, int, int],
     return build
 
 
+def _zero_padded(t: Translation, src: int, dim: int, extra: int, emit: Callable[[Fact], None]) -> Id:
+    """A new id for ``src`` with ``extra`` zeros appended on ``dim`` (F.pad, which fuses into its
+    readers as an ordinary pointwise op)."""
+    shape = t.shapes[src]
+    key = t.registry.register(OpSpec("call_function", F.pad, (Operand(0), (0, 0) * (len(shape) - 1 - dim) + (0, extra)),
+                                     (), POINTWISE))
+    name = Id(t.next_id)
+    t.next_id += 1
+    emit(Union(name, Op1(key, Id(src))))
+    emit(KnownShape(name, shape[:dim] + (shape[dim] + extra,) + shape[dim + 1 :]))
+    return name
+
+
 def stack_terms(t: Translation, items: list[Item], emit: Callable[[Fact], None]) -> list[Term]:
     """Equal terms for ``torch.stack(items)`` (all of one shape): a view per run and a
-    unit-dim reshape per other item; and, when a run holds group members, the plain
-    stack of the items too, so the extractor may still compute those one by one
-    (their group need not be batched for this stack to be)."""
+    unit-dim reshape per other item; where a strided run stops short of the source's end
+    (its last stride window would run past it), the same over the zero-padded source too;
+    and, when a run holds group members, the plain stack of the items, so the extractor
+    may still compute those one by one (their group need not be batched for this stack to be)."""
     runs = find_runs(t, items)
-
-    def single(item: Item, shape: tuple[int, ...]) -> Term:
-        return Reshape(item.term, (1,) + shape)
-
-    parts = [r.build(emit, t.new_list_id) if r.build else single(items[r.start], r.shape) for r in runs]
-    sizes = [r.stop - r.start for r in runs]
-    terms = [parts[0] if len(parts) == 1 else Cat(cons_list(parts, 0, emit, t.new_list_id, sizes))]
+    terms = [_stack_of(t, items, runs, emit)]
+    padded = find_runs(t, items, pad=True)
+    if len(padded) < len(runs):
+        terms.append(_stack_of(t, items, padded, emit))
     if any(r.members for r in runs):
-        plain = [single(it, runs[0].shape) for it in items]
+        plain = [Reshape(it.term, (1,) + runs[0].shape) for it in items]
         terms.append(Cat(cons_list(plain, 0, emit, t.new_list_id, [1] * len(plain))))
     return terms
+
+
+def _stack_of(t: Translation, items: list[Item], runs: list[Run], emit: Callable[[Fact], None]) -> Term:
+    """The stack of ``items`` as the cat of its runs' stacks (a unit-dim reshape per single item)."""
+    parts = [r.build(emit, t.new_list_id) if r.build else Reshape(items[r.start].term, (1,) + r.shape) for r in runs]
+    sizes = [r.stop - r.start for r in runs]
+    return parts[0] if len(parts) == 1 else Cat(cons_list(parts, 0, emit, t.new_list_id, sizes))
 
 
 def _flat_items(t: Translation, cat: int, dim: int) -> list[Term]:
@@ -238,13 +341,17 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[F
         if t.status.get(cat) != "term" or _only_inside_a_cat(t, cat, dim):
             continue  # an inner cat is covered by its outer one (and a chain of n is not flattened n times)
         items = [make_item(t, term, slot_of) for term in _flat_items(t, cat, dim)]
-        runs = find_runs(t, items)
-        if all(r.build is None or r.contiguous_piece == dim for r in runs):
+        runs = find_runs(t, items, cat_dim=dim)
+        if all((r.build is None or r.contiguous_piece == dim) and r.cat_build is None for r in runs):
             continue
         parts: list[Term] = []
         sizes: list[int | None] = []
         for r in runs:
             length, s = r.stop - r.start, r.shape
+            if r.cat_build is not None:
+                sizes.append(sum(it.piece[3] - it.piece[2] for it in items[r.start : r.stop]))
+                parts.append(r.cat_build(emit, t.new_list_id))
+                continue
             sizes.append(t.symbols.product((length, s[dim])) if s is not None else None)
             if r.build is None:
                 parts.append(items[r.start].term)
