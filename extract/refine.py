@@ -1,10 +1,13 @@
-"""Refine: re-extract without the batch kinds that do not pay.
+"""Refine: re-extract with cats priced as chosen, and without the batch kinds that do not pay.
 
 E-node costs add up; Inductor's fusion does not: a batched kernel that the
 e-graph prices below its members may cost more once the fusion-aware model
-(fx_cost) sees what the members fused with before. Refine re-extracts
-(greedy) with each batch kind the extraction uses forbidden, then with all of
-them, and keeps the variant predicted fastest, within a time limit.
+(fx_cost) sees what the members fused with before; and a cat's inputs are
+priced by the shortest list their class can hold, not the one chosen. Refine
+first re-extracts (greedy, then a move per other cat of each long chosen cat)
+with list cells priced by the chosen lists' lengths (``egraph_cost.reprice_cells``);
+then re-extracts with each batch kind the extraction uses forbidden, then with
+all of them; it keeps the variant predicted fastest, within a time limit.
 :class:`BatchRefine` decides which variants to try, forbids their batched
 alternatives and picks the winner; :func:`refine_run` applies it to an
 ``OptimizationRun`` (its ``finish`` calls it), which extracts and builds the variants.

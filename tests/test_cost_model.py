@@ -448,6 +448,37 @@ def test_list_cells_cost_launches_past_eight_computed_inputs(items, leaf_items, 
     assert slot > 0 and sum(cpu(c, n) for c, n in cells) == pytest.approx(items * (VIEW_COST + slot))
 
 
+def test_list_cells_repriced_by_the_lists_the_extraction_chose():
+    """A long list whose class can also be short (a nested cat's value as one item) looks free
+    under the first pricing; repriced by the chosen list, its cells past the 8th pay, and the
+    9th from the end pays the ConcatKernel's launch."""
+    from optimus_eqsat.egraph_export import ClassRef, TermNode
+    from optimus_eqsat.extract.egraph_cost import (CELL_LAUNCH_SHARE, VIEW_COST, EGraphCost, chosen_list_lengths,
+                                                   reprice_cells)
+
+    eg, head = _list_egraph(12, False)
+    nil = 2
+    eg.classes[head].append(TermNode("TCons", (ClassRef(1), ClassRef(nil))))  # the same list, one item
+    lengths = eg.list_lengths()
+    assert lengths[head] == 1
+    cost = EGraphCost({}, lambda key: "pointwise", "h100", eg.input_classes(), lengths)
+    graph = eg.extraction_graph([head], cost)
+    assert graph.classes[head][0].cost == VIEW_COST  # the long chain's first cell looks free
+    long_chain = {c: 0 for c in range(len(eg.classes))}
+    assert chosen_list_lengths(eg.classes, long_chain)[head] == 12
+    repriced = reprice_cells(graph, eg.classes, long_chain, cost)
+    launch = get_profile("h100").launch_s(K.CAT)
+    cells = [c for c in range(nil + 1, len(eg.classes))]
+    assert sum(repriced.classes[c][0].cost for c in cells) == pytest.approx(
+        4 * CELL_LAUNCH_SHARE * launch + launch + 8 * VIEW_COST)
+    assert repriced.classes[head][1].cost == VIEW_COST  # the one-item list stays free
+    short = {head: 1, nil: 0, 1: 0, 0: 0}
+    assert chosen_list_lengths(eg.classes, short)[head] == 1
+    assert reprice_cells(graph, eg.classes, short, cost) is None  # nothing chosen is long
+    cpu = EGraphCost({}, lambda key: "pointwise", "cpu", eg.input_classes(), lengths)
+    assert reprice_cells(graph, eg.classes, long_chain, cpu) is None  # every CPU cat is a ConcatKernel
+
+
 def test_pointwise_ops_are_priced_like_fused_elementwise():
     """A pointwise Op1 (a pad, an index shift) fuses with its neighbours as Unary ops do:
     both pay a share of a launch, a matmul a whole one."""
