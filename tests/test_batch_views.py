@@ -4,13 +4,16 @@ turn into views, with forward, input and parameter gradients against eager."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 import torch.nn as nn
 
 from optimus_eqsat.extract.freezing import fold_parameters
 from optimus_eqsat.extract.fx_cost import predicted_launches
 from optimus_eqsat.rewrites.batching.views import Item, find_runs
-from optimus_eqsat.term import Id
+from optimus_eqsat.term import Cat, Id, Permute, Reshape, Slice, Union
 from optimus_eqsat.translate import Translation
 from tests.helpers import optimize_and_check
 
@@ -92,6 +95,92 @@ def test_strided_runs_over_a_zero_padded_source_reach_its_last_piece():
     t = _translation({0: (2, 26)})
     fits = [Item(Id(0), (2, 4), piece=(0, 1, o, o + 4)) for o in (0, 10, 20)]
     assert [(r.start, r.stop) for r in find_runs(t, fits, pad=True)] == [(0, 3)]
+
+
+def _evaluate(term, tensors: dict, facts: list, registry) -> torch.Tensor:
+    """A view term built by views.py on real tensors (``tensors``: id -> value; ``facts``: what
+    the builder emitted, naming padded sources and long lists' chunks)."""
+    from optimus_eqsat.term import LId, Op1, TCons, TNil
+    from optimus_eqsat.term import Union as Named
+
+    named = {f.name: f.term for f in facts if isinstance(f, Named)}
+
+    def value(t):
+        if isinstance(t, Id):
+            return tensors[t.i] if t.i in tensors else value(named[t])
+        if isinstance(t, Slice):
+            return value(t.x).narrow(t.dim, t.start, t.end - t.start)
+        if isinstance(t, Reshape):
+            return value(t.x).reshape(t.shape)
+        if isinstance(t, Permute):
+            return value(t.x).permute(t.perm)
+        if isinstance(t, Op1):
+            spec = registry.specs[t.op]
+            return spec.target(value(t.x), *spec.args[1:])
+        if isinstance(t, Cat):
+            items, dim, cell = [], None, t.items
+            while not isinstance(cell, TNil):
+                cell = named[cell] if isinstance(cell, LId) else cell
+                if isinstance(cell, TCons):
+                    items.append(value(cell.head))
+                    cell = cell.tail
+            return torch.cat(items, cell.dim)
+        raise TypeError(t)
+
+    return value(term)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_cyclic_and_strided_runs_rebuild_their_items(seed):
+    """Random cycles of slices (widths, order, gaps, repetitions, a source that ends inside the
+    last stride window or not), with single items around them: the cat built from the runs
+    equals the cat of the items, and a stack of equal-width strided slices (padded or not)
+    equals their stack."""
+    from optimus_eqsat.rewrites.batching.views import cat_alternatives, make_item, stack_terms
+
+    g = torch.Generator().manual_seed(seed)
+
+    def randint(lo, hi):
+        return int(torch.randint(lo, hi + 1, (), generator=g))
+
+    widths = [randint(1, 4) for _ in range(randint(1, 4))]
+    order = torch.randperm(len(widths), generator=g).tolist()
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    stride, base, reps = sum(widths) + randint(0, 3), randint(0, 3), randint(2, 5)
+    size = base + (reps - 1) * stride + sum(widths) + randint(0, stride)  # may end inside the last window
+    src, other = 0, 1
+    t = Translation(gm=None, nodes=[])
+    t.shapes.update({src: (3, size), other: (3, 2)})
+    x, y = torch.randn(3, size, generator=g), torch.randn(3, 2, generator=g)
+    spans = [(base + k * stride + starts[i], base + k * stride + starts[i] + widths[i])
+             for k in range(reps) for i in order]
+    ids = {}
+    for a, b in spans:  # one FX value per slice
+        ids[(a, b)] = len(t.shapes) + 10
+        t.terms[ids[(a, b)]] = Slice(Id(src), 1, a, b)
+        t.shapes[ids[(a, b)]] = (3, b - a)
+    items = [Id(other)] + [Id(ids[s]) for s in spans] + [Id(other)]
+    cat = 999
+    t.cats[cat], t.status[cat] = (tuple(items), 1), "term"
+    t.nodes = [SimpleNamespace(users={})] * (cat + 1)  # the cat is read by nothing
+    t.next_id = cat + 1  # fresh ids (a padded source) after every id above
+    facts: list = []
+    tensors = {src: x, other: y, **{i: x[:, a:b] for (a, b), i in ids.items()}}
+    expected = torch.cat([tensors[i.i] for i in items], 1)
+    if cat_alternatives(t, {}, facts.append):
+        whole = next(f for f in facts if isinstance(f, Union) and f.name == Id(cat)).term
+        torch.testing.assert_close(_evaluate(whole, tensors, facts, t.registry), expected, rtol=0, atol=0)
+    else:  # only an ordered cycle without gaps (one contiguous slice) is left to the cat rules
+        assert order == sorted(order) and stride == sum(widths)
+    equal = [(base + k * stride, base + k * stride + widths[0]) for k in range(reps)]
+    for a, b in equal:
+        t.terms.setdefault(ids.setdefault((a, b), len(t.shapes) + 10), Slice(Id(src), 1, a, b))
+        t.shapes[ids[(a, b)]] = (3, b - a)
+        tensors[ids[(a, b)]] = x[:, a:b]
+    stack_items = [make_item(t, Id(ids[s]), {}) for s in equal]
+    for term in stack_terms(t, stack_items, facts.append):
+        torch.testing.assert_close(_evaluate(term, tensors, facts, t.registry),
+                                   torch.stack([x[:, a:b] for a, b in equal]), rtol=0, atol=0)
 
 
 class PermutedBlocks(nn.Module):

@@ -24,7 +24,7 @@ cell; but two kinds of runs in such lists are views of one tensor:
 
 Where the last stride window of a run would end past the source, the run reads
 the source zero-padded to fit (``F.pad``, a pointwise op its readers inline):
-stacks get that as one more alternative, cyclic runs always.
+stacks get that as one more alternative, cats always.
 
 :func:`stack_terms` builds ``torch.stack(items)`` from such runs (batching's
 operand stacks); :func:`cat_alternatives` gives every concatenation of the
@@ -179,7 +179,7 @@ def _cyclic_run(t: Translation, items: list[Item], j: int, cat_dim: int) -> tupl
         if stride <= 0 or max(b for _, b in cycle) - base > stride:
             continue
         if stride == sum(b - a for a, b in cycle) and all(cycle[i][1] == cycle[i + 1][0] for i in range(p - 1)):
-            return 0, 0, 0  # adjacent slices in order: one contiguous slice, the cat rules' work
+            continue  # adjacent slices in order: one contiguous slice (the cat rules' work), or a longer cycle
         reps = 1
         while all(slice_at(j + reps * p + i) == (a + reps * stride, b + reps * stride) for i, (a, b) in
                   enumerate(cycle)):
@@ -229,9 +229,9 @@ def find_runs(t: Translation, items: list[Item], cat_dim: int | None = None, pad
                 src, dim, a0, b0 = it.piece
                 run = Run(j, j + length, it.shape, _strided_stack(t, it.piece, stride, length, it.shape),
                           dim if stride == b0 - a0 else None)
-        if run is None and cat_dim is not None and it.piece is not None:
+        if cat_dim is not None and it.piece is not None and (run is None or run.contiguous_piece is not None):
             length, p, stride = _cyclic_run(t, items, j, cat_dim)
-            if length:
+            if length > (run.stop - run.start if run else 0):  # pairs of adjacent slices repeated: a cycle
                 run = Run(j, j + length, it.shape, None, cat_build=_cyclic_cat(t, items, j, p, stride, length // p))
         runs.append(run or Run(j, j + 1, it.shape, None))
         j = runs[-1].stop
@@ -341,7 +341,7 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[F
         if t.status.get(cat) != "term" or _only_inside_a_cat(t, cat, dim):
             continue  # an inner cat is covered by its outer one (and a chain of n is not flattened n times)
         items = [make_item(t, term, slot_of) for term in _flat_items(t, cat, dim)]
-        runs = find_runs(t, items, cat_dim=dim)
+        runs = find_runs(t, items, cat_dim=dim, pad=True)
         if all((r.build is None or r.contiguous_piece == dim) and r.cat_build is None for r in runs):
             continue
         parts: list[Term] = []
