@@ -162,7 +162,7 @@ def _relist(run: OptimizationRun, policy: BatchRefine, result: torch.fx.GraphMod
     relisted = reprice_cells(run.graph, run.egraph.classes, run.extraction.choice, run.cost)
     if relisted is None or policy.variant_seconds(run.report.phase_seconds, run.report.extractor) is None:
         return result, launches, seconds
-    before = run.graph, run.extraction
+    before = _state(run)
     run.report.refine_tried.append(["relist-cats"])
     run.extract(graph=relisted, extractor="greedy")
     lengths = chosen_list_lengths(run.egraph.classes, run.extraction.choice)
@@ -173,9 +173,18 @@ def _relist(run: OptimizationRun, policy: BatchRefine, result: torch.fx.GraphMod
     n, t = predict(candidate, run.example_inputs, run.objective)
     if t < seconds * (1 - 1e-9):
         return candidate, n, t
-    run.graph, run.extraction = before
-    run.report.record_extraction(run.extraction)
+    _restore(run, before)
     return result, launches, seconds
+
+
+def _state(run: OptimizationRun) -> tuple:
+    """What an extraction variant changes in ``run``: its graph, extraction and group moves."""
+    return run.graph, run.extraction, list(run.report.group_moves)
+
+
+def _restore(run: OptimizationRun, state: tuple) -> None:
+    run.graph, run.extraction, run.report.group_moves = state
+    run.report.record_extraction(run.extraction)  # the report describes the kept extraction, not the last variant
 
 
 def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int,
@@ -188,17 +197,16 @@ def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int
     """
     policy = BatchRefine(run.egraph, run.batches.outputs, run.options.refine_time_limit_s)
     result, launches, seconds = _relist(run, policy, result, launches, seconds)
-    main_graph, first = run.graph, (run.graph, run.extraction)
+    main_graph, first = run.graph, _state(run)
 
     def build_variant(dropped: tuple[str, ...]) -> tuple[tuple, torch.fx.GraphModule]:
         run.extract(graph=policy.without(dropped, main_graph), extractor="greedy")
-        return (run.graph, run.extraction), run.build(meta=False)
+        return _state(run), run.build(meta=False)
 
     best = policy.run(run.extraction.choice, Variant((), launches, seconds), run.report, build_variant,
                       lambda gm: predict(gm, run.example_inputs, run.objective))
     if best is None:  # nothing to drop, or no time for a variant
         return result, launches, seconds
-    run.graph, run.extraction = first if best.kept is None else best.kept
-    run.report.record_extraction(run.extraction)  # the report describes the kept extraction, not the last variant
+    _restore(run, first if best.kept is None else best.kept)
     run.report.dropped_batches = list(best.dropped)
     return (None if best.dropped else result), best.launches, best.seconds
