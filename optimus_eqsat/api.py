@@ -11,6 +11,7 @@ import torch.fx
 from . import rewrites
 from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
 from .egraph_export import export
+from .decompose import before_translation
 from .extract.egraph import ExtractionGraph
 from .extract.egraph_cost import EGraphCost
 from .extract.extractors import get_extractor
@@ -121,7 +122,8 @@ class OptimizationRun:
         opts, report = self.options, self.report
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
-            self.translation = t = translate(self.gm, self.example_inputs)
+            # private in-place ops made out-of-place, eval-mode batch norms made elementwise
+            self.translation = t = translate(before_translation(self.gm), self.example_inputs)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
         with phase(report, "load"):
             self.session = EGraphSession(rulesets)

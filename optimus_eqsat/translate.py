@@ -78,7 +78,7 @@ class Translation:
 # ---------------------------------------------------------------- mutation analysis
 
 
-def _inplace_position(target: Any) -> int | None:
+def inplace_position(target: Any) -> int | None:
     try:
         params = list(inspect.signature(target).parameters)
     except (TypeError, ValueError):
@@ -106,7 +106,7 @@ def is_mutating(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return True
     if target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
         return True
-    position = _inplace_position(target) if getattr(target, "__module__", "") == F.__name__ else None
+    position = inplace_position(target) if getattr(target, "__module__", "") == F.__name__ else None
     return position is not None and len(node.args) > position and node.args[position] is True
 
 
