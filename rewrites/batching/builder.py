@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ...term import Fact, Id, KnownShape, Reshape, Slice, Term, Union
+from ...term import Fact, Id, Reshape, Slice, Term, Union
 from ...translate import Translation
-from .views import Slot, make_item, stack_terms
+from .views import Slot, make_item, name_term, stack_terms
 
 
 class BatchBuilder:
@@ -21,12 +21,7 @@ class BatchBuilder:
 
     def new(self, term: Term, shape: tuple[int, ...] | None = None) -> Id:
         """Name ``term`` by a fresh id; give it a shape when rules cannot derive it."""
-        name = Id(self.t.next_id)
-        self.t.next_id += 1
-        self.facts.append(Union(name, term))
-        if shape is not None:
-            self.facts.append(KnownShape(name, shape))
-        return name
+        return name_term(self.t, term, shape, self.facts.append)
 
     def stack(self, ids: list[int], rank: int) -> tuple[Id, tuple[int, ...]]:
         """torch.stack of the operands at dim 0, each first padded on the left to ``rank``.

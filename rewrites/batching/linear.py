@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 
 from ...opspec import MATMUL, POINTWISE, OpSpec, Slot
-from ...term import Binary, Cat, Id, Op1, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
+from ...term import Binary, Cat, Id, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
 from ...translate import Translation
 from .builder import BatchBuilder
 from .candidates import Candidate, shapes_known
 from .kinds import BatchKind, register
+from .views import zero_padded
 
 LINEAR_KEYS = ("linear", "linear_b")
 
@@ -131,9 +131,7 @@ class LinearPadK(BatchKind):
         def padded(stacked: Id, shape: tuple[int, ...]) -> Id:
             if shape[-1] == kmax:
                 return stacked
-            pad = t.registry.register(OpSpec("call_function", F.pad, (Slot(0), (0, kmax - shape[-1])), (),
-                                             POINTWISE))
-            return b.new(Op1(pad, stacked), shape[:-1] + (kmax,))
+            return zero_padded(t, stacked, shape, len(shape) - 1, kmax - shape[-1], b.facts.append)
 
         xs: list[Term] = []
         ws: list[Term] = []

@@ -198,11 +198,8 @@ def _cyclic_cat(t: Translation, items: list[Item], j: int, p: int, stride: int, 
     base = min(a for a, _ in cycle)
     widths = [b - a for a, b in cycle]
 
-    overrun = base + reps * stride - src_shape[dim] if isinstance(src_shape[dim], int) else 0
-
     def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
-        source: Term = Id(src) if overrun <= 0 else _zero_padded(t, src, dim, overrun, emit)
-        window = Slice(source, dim, base, base + reps * stride)
+        window = _window(t, src, dim, base, base + reps * stride, emit)
         rows = Reshape(window, src_shape[:dim] + (reps, stride) + src_shape[dim + 1 :])
         columns = [Slice(rows, dim + 1, a - base, b - base) for a, b in cycle]
         picked = Cat(cons_list(columns, dim + 1, emit, new_list_id, widths))
@@ -256,11 +253,9 @@ def _strided_stack(t: Translation, piece: tuple[int, int, int, int], stride: int
                    shape: tuple[int, ...]) -> StackBuilder:
     src, dim, a0, b0 = piece
     src_shape = t.shapes[src]
-    overrun = a0 + length * stride - src_shape[dim] if isinstance(src_shape[dim], int) else 0
 
     def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
-        source: Term = Id(src) if overrun <= 0 else _zero_padded(t, src, dim, overrun, emit)
-        window = Slice(source, dim, a0, a0 + length * stride)
+        window = _window(t, src, dim, a0, a0 + length * stride, emit)
         rows = Reshape(window, src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])
         perm = (dim,) + tuple(range(dim)) + tuple(range(dim + 1, len(src_shape) + 1))
         picked = Permute(Slice(rows, dim + 1, 0, b0 - a0), perm)
@@ -269,17 +264,31 @@ def _strided_stack(t: Translation, piece: tuple[int, int, int, int], stride: int
     return build
 
 
-def _zero_padded(t: Translation, src: int, dim: int, extra: int, emit: Callable[[Fact], None]) -> Id:
-    """A new id for ``src`` with ``extra`` zeros appended on ``dim`` (F.pad, which fuses into its
-    readers as an ordinary pointwise op)."""
-    shape = t.shapes[src]
-    key = t.registry.register(OpSpec("call_function", F.pad, (Operand(0), (0, 0) * (len(shape) - 1 - dim) + (0, extra)),
-                                     (), POINTWISE))
+def name_term(t: Translation, term: Term, shape: tuple[int, ...] | None, emit: Callable[[Fact], None]) -> Id:
+    """Name ``term`` by a fresh id; give it a shape when rules cannot derive it."""
     name = Id(t.next_id)
     t.next_id += 1
-    emit(Union(name, Op1(key, Id(src))))
-    emit(KnownShape(name, shape[:dim] + (shape[dim] + extra,) + shape[dim + 1 :]))
+    emit(Union(name, term))
+    if shape is not None:
+        emit(KnownShape(name, shape))
     return name
+
+
+def zero_padded(t: Translation, x: Term, shape: tuple[int, ...], dim: int, extra: int,
+                emit: Callable[[Fact], None]) -> Id:
+    """A new id for ``x`` (of ``shape``) with ``extra`` zeros appended on ``dim`` (F.pad, which
+    fuses into its readers as an ordinary pointwise op)."""
+    key = t.registry.register(OpSpec("call_function", F.pad, (Operand(0), (0, 0) * (len(shape) - 1 - dim) + (0, extra)),
+                                     (), POINTWISE))
+    return name_term(t, Op1(key, x), shape[:dim] + (shape[dim] + extra,) + shape[dim + 1 :], emit)
+
+
+def _window(t: Translation, src: int, dim: int, start: int, end: int, emit: Callable[[Fact], None]) -> Term:
+    """``src[start:end]`` on ``dim``, over ``src`` zero-padded where ``end`` runs past a known size."""
+    size = t.shapes[src][dim]
+    overrun = end - size if isinstance(size, int) else 0
+    source = Id(src) if overrun <= 0 else zero_padded(t, Id(src), t.shapes[src], dim, overrun, emit)
+    return Slice(source, dim, start, end)
 
 
 def stack_terms(t: Translation, items: list[Item], emit: Callable[[Fact], None]) -> list[Term]:
