@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from .fx_graphs import copy_module
 from .fxvocab import ALIASING_OPS, canonical_name
 from .fxvocab.meta import _META_KEYS, meta_value
-from .normalize import MODULE_OPS
+from .normalize import HANDLERS, MODULE_OPS
 from .translate import inplace_position, is_mutating
 
 _SIGNATURE = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
@@ -125,9 +125,11 @@ def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
         if type(gm.get_submodule(str(target))) is not torch.nn.ReLU or len(node.args) != 1 or node.kwargs:
             return None
         return lambda: (setattr(node, "op", "call_function"), setattr(node, "target", torch.relu))
+    # A trailing underscore's twin is the out-of-place op only where the translator knows that
+    # op (not requires_grad_ -> the requires_grad attribute, resize_ -> a deprecated alias).
     if node.op == "call_method":
         plain = str(target)[:-1]
-        if not str(target).endswith("_") or not hasattr(torch.Tensor, plain):
+        if not str(target).endswith("_") or plain not in HANDLERS or not hasattr(torch.Tensor, plain):
             return None
         return lambda: setattr(node, "target", plain)
     position = inplace_position(target) if getattr(target, "__module__", "") == F.__name__ else None
@@ -137,7 +139,8 @@ def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
         return lambda: node.update_arg(position, False)
     name = getattr(target, "__name__", "")
     for namespace in (torch, F):
-        if name.endswith("_") and getattr(namespace, name, None) is target and callable(getattr(namespace, name[:-1], None)):
+        if name.endswith("_") and name[:-1] in HANDLERS and getattr(namespace, name, None) is target \
+                and callable(getattr(namespace, name[:-1], None)):
             plain_fn = getattr(namespace, name[:-1])
             return lambda: setattr(node, "target", plain_fn)
     return None

@@ -125,6 +125,16 @@ def test_private_in_place_spellings_become_out_of_place():
     assert _targets(before_translation(gm)) == _targets(rewritten)
 
 
+def test_in_place_methods_without_a_known_out_of_place_twin_stay():
+    """requires_grad_'s twin is an attribute and resize_'s a deprecated alias: not rewritten."""
+
+    def f(x):
+        return (x * 2.0).requires_grad_(), (x + 1.0).resize_(4)
+
+    gm = torch.fx.symbolic_trace(f)
+    assert before_translation(gm) is gm
+
+
 def test_symbolic_trace_in_place_relu_module():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 4), nn.ReLU(inplace=True))
     optimize_and_check(model, torch.randn(3, 4))
