@@ -202,6 +202,19 @@ class OptimizationRun:
         """Whether a full build propagates fake-tensor meta (Dynamo/export graphs)."""
         return self.example_inputs is None or has_fake_meta(self.gm)
 
+    def _not_worth_it(self) -> str | None:
+        """Why the result is not worth a different program (predicted slower, or faster by less
+        than ``min_gain``); None when it is."""
+        report, min_gain = self.report, self.options.min_gain
+        before, after = report.cost_before, report.cost_after
+        if (report.launches_after, after) == (report.launches_before, before):
+            return None  # predicted alike: unchanged, not a fallback
+        if after > before * (1 + 1e-9):
+            return f"predicted cost rose ({before:.3e} s -> {after:.3e} s)"
+        if after > before * (1 - min_gain):
+            return f"predicted gain {1 - after / before:.2%} below min_gain {min_gain:.0%} ({before:.3e} s -> {after:.3e} s)"
+        return None
+
     def group_moves(self) -> list[GroupMove]:
         """For every batch group: each member's choice of its slice of the batched term."""
         return batch_group_moves(self.egraph, self.batches.groups, lambda i: self.translation.nodes[i].name)
@@ -226,11 +239,9 @@ class OptimizationRun:
                     result = self.build()
                 elif self._wants_meta:  # the cheap build was kept: only its meta is missing
                     propagate_meta(result, self.example_inputs)
-        if opts.never_worse and report.cost_after > report.cost_before * (1 + 1e-9):
-            report.fell_back = True
-            report.fallback_reason = (
-                f"predicted cost rose ({report.cost_before:.3e} s -> {report.cost_after:.3e} s); kept the original"
-            )
+        reason = self._not_worth_it() if opts.never_worse else None
+        if reason:
+            report.fell_back, report.fallback_reason = True, f"{reason}; kept the original"
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)

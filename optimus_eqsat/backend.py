@@ -20,13 +20,17 @@ import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
-from .guard import FirstCallChoice, GuardResult
+from .guard import Deferred, FirstCallChoice, GuardResult
 from .inductor_compat import INDUCTOR_PATCHES, first_line, is_dynamo_signal
 from .objective import freezing_enabled
 from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
 from .report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
+
+
+#: The backend's default ``min_gain`` (see :class:`~optimus_eqsat.options.OptimizeOptions`).
+BACKEND_MIN_GAIN = 0.01
 
 
 def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable]:
@@ -41,7 +45,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       backward in training) and keeps the optimized program only when it is faster
       beyond the noise (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what
       was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
-      timing on the first call;
+      timing on the first call; nothing when no pass rewrote the graph (the compiled
+      program is then the original graph, kept untimed);
     - ``measure_budget_s`` (default 1.0): seconds of interleaved timing;
     - ``pre_grad=True``: optimize Dynamo's graph before AOTAutograd;
     - ``post_grad=True``: optimize the aten graphs Inductor compiles, forward and
@@ -60,6 +65,9 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     post_grad = options.pop("post_grad", True)
     options.setdefault("cached_parameters", options.pop("cache_parameters", True))
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
+    # A predicted gain under 1% is within the model's error and below the measured choice's
+    # margin: the original graph, compiled once, serves better (OptimizeOptions.min_gain).
+    options.setdefault("min_gain", BACKEND_MIN_GAIN)
     # A caller's mistake (an unknown option, a missing or broken rule file) is an error
     # here, when the backend is made, not later inside the user's compile.
     OptimizeOptions.from_kwargs(**options)
@@ -88,7 +96,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if report is None:  # pre_grad=False: the report of this compile holds the measurement
             report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original))
             backend.reports.append(report)
-        patches = post_grad_patches(options, post_reports) if post_grad else None
+        mine: list[tuple[str, OptimizeReport]] = []  # this compile's post-grad reports
+        patches = post_grad_patches(options, post_reports, mine) if post_grad else None
         # (under Inductor's freezing, Inductor folds that work itself)
         cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
             and not freezing_enabled()
@@ -96,7 +105,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if compiled is None:
             return compile_fx(original, example_inputs)
         if measure:
-            compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s)
+            # Unless the pre-grad pass changed the graph, the candidate is the original graph
+            # itself until a post-grad pass rewrites it (the backward's runs on the first call).
+            rewritten = None if pre_changed else (lambda: any(_rewrote(r) for _, r in mine))
+            compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten)
         _log_report(report)
         return compiled
 
@@ -105,15 +117,16 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     return backend
 
 
-def post_grad_patches(options: dict[str, Any], reports: list[tuple[str, OptimizeReport]]) -> dict[str, Any]:
+def post_grad_patches(options: dict[str, Any], *reports: list[tuple[str, OptimizeReport]]) -> dict[str, Any]:
     """Inductor config patches that add our post-grad pass after any the user installed
-    (``compile_fx`` applies them to its lazily compiled backward too)."""
+    (``compile_fx`` applies them to its lazily compiled backward too); its reports go to
+    every list in ``reports``."""
     from torch._inductor import config
 
     from .postgrad import PostGradPass
 
     ours = PostGradPass(**options)
-    ours.reports = reports
+    ours.sinks = list(reports)
     theirs = config.post_grad_custom_pre_pass
     passes = (*theirs, ours) if isinstance(theirs, (list, tuple)) else (theirs, ours) if theirs else ours
     return {"post_grad_custom_pre_pass": passes}
@@ -176,24 +189,46 @@ def _parameter_work(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
         return None
 
 
+def _rewrote(report: OptimizeReport) -> bool:
+    """Whether a post-grad pass spliced its program into Inductor's graph."""
+    return not report.fell_back and report.changed
+
+
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
-              example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float) -> Callable:
-    """``compiled`` and the original graph compiled, of which the first call keeps the faster."""
-    start = time.perf_counter()
-    baseline = compile_fx(copy_module(original), example_inputs)
-    compile_s = time.perf_counter() - start
+              example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
+              rewritten: Callable[[], bool] | None = None) -> Callable:
+    """``compiled`` and the original graph compiled, of which the first call keeps the faster.
+
+    With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
+    it), the original is compiled again only when one did: most graphs a pass leaves alone
+    then cost one compile and no timing. Graphs with symbolic shapes compile it at once
+    (inside Dynamo's compile, where their shape environment lives)."""
+    deferred = Deferred(lambda: compile_fx(copy_module(original), example_inputs))
+    lazy = rewritten is not None and not _symbolic(example_inputs)
+    baseline = deferred if lazy else deferred()
 
     def record(result: GuardResult | Exception) -> None:
         if isinstance(result, Exception):
             report.fell_back, report.fallback_reason = True, f"measurement failed: {first_line(result, 400)}"
             return
-        result.compile_s["original"] = compile_s
+        if deferred.compile_s:
+            result.compile_s["original"] = deferred.compile_s
         report.measured = result
         if result.kept == "original":
             report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
         log.info("optimus_eqsat: %s", result.summary())
 
-    return FirstCallChoice({"original": baseline, "optimized": compiled}, original, budget_s, record)
+    return FirstCallChoice({"original": baseline, "optimized": compiled}, original, budget_s, record,
+                           rewritten=rewritten)
+
+
+def _symbolic(example_inputs: Sequence[Any]) -> bool:
+    """Whether any example input has a symbolic size (or is a symbolic scalar)."""
+    def symbolic(value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            return any(isinstance(d, torch.SymInt) for d in value.shape)
+        return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+    return any(symbolic(x) for x in example_inputs)
 
 
 def _log_report(report: OptimizeReport | None) -> None:

@@ -67,6 +67,8 @@ class GuardResult:
         return self.timing_s + sum(self.compile_s.values())
 
     def summary(self) -> str:
+        if not self.rounds:
+            return f"not timed: kept {self.kept} ({self.reason})"
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
         memory = (" peak " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.peak_bytes.items())
                   + f" above {self.resident_bytes / 2**20:.2f} MiB of inputs" if self.peak_bytes else "")
@@ -210,19 +212,35 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
     return peak
 
 
+class Deferred:
+    """A program compiled only when a measurement needs it (``compile_s`` says how long it took)."""
+
+    def __init__(self, compile: Callable[[], Program]):
+        self._compile, self.compile_s = compile, 0.0
+
+    def __call__(self) -> Program:
+        start = time.perf_counter()
+        program = self._compile()
+        self.compile_s = time.perf_counter() - start
+        return program
+
+
 class FirstCallChoice:
     """A compiled program that times its candidates on its first call and then runs the one kept.
 
     ``programs`` holds compiled callables of one function under the names ``baseline``
-    and ``candidate``; ``gm`` is that function's graph (to find inputs it writes to).
+    and ``candidate`` (the baseline may be :class:`Deferred`); ``gm`` is that function's
+    graph (to find inputs it writes to). ``rewritten`` (optional) tells, after one step of
+    the candidate, whether any pass rewrote it; when none did, the candidate is the
+    baseline's program and is kept untimed (see :func:`measure_and_choose`).
     ``on_result`` receives the :class:`GuardResult`, or the exception when timing failed
     (the baseline is then kept: nothing showed the candidate faster)."""
 
-    def __init__(self, programs: dict[str, Program], gm: torch.fx.GraphModule, budget_s: float,
+    def __init__(self, programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule, budget_s: float,
                  on_result: Callable[[GuardResult | Exception], None], baseline: str = "original",
-                 candidate: str = "optimized"):
+                 candidate: str = "optimized", rewritten: Callable[[], bool] | None = None):
         self.programs, self.gm, self.budget_s, self.on_result = programs, gm, budget_s, on_result
-        self.baseline, self.candidate = baseline, candidate
+        self.baseline, self.candidate, self.rewritten = baseline, candidate, rewritten
         self.chosen: Program | None = None
 
     def __call__(self, *args: Any) -> Any:
@@ -235,23 +253,32 @@ class FirstCallChoice:
         training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in args)
         try:
             result = measure_and_choose(self.programs, self.gm, args, training, self.baseline, self.candidate,
-                                        budget_s=self.budget_s)
+                                        budget_s=self.budget_s, rewritten=self.rewritten)
         except Exception as exc:  # never fail the user's step over a measurement
             log.warning("optimus_eqsat: could not time the programs (%s: %s); keeping the original",
                         type(exc).__name__, str(exc).strip().splitlines()[:1])
             self.on_result(exc)
+            if isinstance(self.programs[self.baseline], Deferred):
+                self.programs[self.baseline] = self.programs[self.baseline]()
             return self.baseline
         self.on_result(result)
         return result.kept
 
 
-def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                       training: bool, baseline: str = "original", candidate: str = "optimized",
-                       budget_s: float = 1.0, margin: float = 0.01) -> GuardResult:
+def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule,
+                       example_inputs: Sequence[Any], training: bool, baseline: str = "original",
+                       candidate: str = "optimized", budget_s: float = 1.0, margin: float = 0.01,
+                       rewritten: Callable[[], bool] | None = None) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
     choose between ``baseline`` and ``candidate``. The RNG state is restored afterwards and
     inputs the graph writes to are cloned first. Memory a program holds between steps
-    (its ``held_bytes``, a cache) is added to its peak."""
+    (its ``held_bytes``, a cache) is added to its peak.
+
+    A :class:`Deferred` program is compiled here, replaced in ``programs`` by what it made.
+    With ``rewritten``, one step of the candidate runs first (compiling what it compiles
+    lazily: a training step's backward, where the post-grad pass runs); if ``rewritten()``
+    then says no pass changed the candidate, it is the baseline's own program: kept
+    untimed, and a deferred baseline is never compiled."""
     written = mutated_placeholders(gm)
     inputs = [x.detach().clone().requires_grad_(x.requires_grad) if k in written and isinstance(x, torch.Tensor)
               else x for k, x in enumerate(example_inputs)]
@@ -259,6 +286,15 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
+        if rewritten is not None:
+            step_function(programs[candidate], inputs, training)()
+            if not rewritten():
+                return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0, timing_s=time.perf_counter() - start,
+                                   reason="no pass rewrote the graph: the original program, compiled once")
+        compile_s = {}
+        for name, program in programs.items():
+            if isinstance(program, Deferred):
+                programs[name], compile_s[name] = program(), program.compile_s
         steps = {name: step_function(p, inputs, training) for name, p in programs.items()}
         rounds = time_interleaved(steps, budget_s=budget_s)
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
@@ -269,5 +305,6 @@ def measure_and_choose(programs: dict[str, Program], gm: torch.fx.GraphModule, e
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
     result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs))
-    result.timing_s = time.perf_counter() - start
+    result.compile_s = compile_s
+    result.timing_s = time.perf_counter() - start - sum(compile_s.values())
     return result

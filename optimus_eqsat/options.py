@@ -43,7 +43,14 @@ class OptimizeOptions:
             ``freezing`` does with all parameter-only work.
             The backend sets it; a graph compiled without that cache should leave it off.
         raise_on_error: raise instead of falling back to the original graph.
-        never_worse: return the original when the cost model predicts the result slower.
+        never_worse: return the original when the cost model predicts the result slower,
+            or faster by less than ``min_gain``.
+        min_gain: with ``never_worse``, the least predicted gain (a fraction of the original's
+            predicted step time) worth a different program; 0 (the default) keeps any gain.
+            The ``torch.compile`` backend sets 0.01: a smaller gain is within the cost model's
+            error and below the 1% margin by which its measured choice must see a program
+            faster, so rewriting for it would buy a second compile and a timing on the first
+            call for a program the measurement then drops.
         refine_batches: re-extract without each kind of batch and keep the variant the
             fusion-aware cost model (fx_cost) predicts fastest.
         refine_time_limit_s: a refine variant is started only when it is expected to end
@@ -68,6 +75,7 @@ class OptimizeOptions:
     cached_parameters: bool = False
     raise_on_error: bool = False
     never_worse: bool = True
+    min_gain: float = 0.0
     refine_batches: bool = True
     refine_time_limit_s: float = 10.0
     record_eclasses: bool = False
@@ -95,6 +103,8 @@ class OptimizeOptions:
             raise ValueError(f"unknown ruleset(s) {unknown}; shipped: {sorted(known)}")
         if self.extractor not in ("auto", "greedy", "ilp"):
             raise ValueError(f"unknown extractor {self.extractor!r}; choose auto, greedy or ilp")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValueError(f"min_gain is a fraction of the step time in [0, 1); got {self.min_gain!r}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose {', '.join(MODES)}")
         try:

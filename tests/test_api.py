@@ -91,6 +91,16 @@ def test_nothing_to_optimize_is_unchanged():
     assert op_counts(optimized) == op_counts(gm)
 
 
+def test_a_predicted_gain_below_min_gain_keeps_the_original():
+    gm = torch.fx.symbolic_trace(Model())
+    x = torch.randn(5, 12)
+    assert optimize_graph(gm, (x,), profile="cpu").meta["optimus_eqsat"].changed  # min_gain 0: any gain
+    report = optimize_graph(gm, (x,), profile="cpu", min_gain=0.99).meta["optimus_eqsat"]
+    assert report.fell_back and "below min_gain 99%" in report.fallback_reason and not report.changed
+    with pytest.raises(ValueError, match="min_gain"):
+        optimize_graph(gm, (x,), min_gain=1.5)
+
+
 def _raise_runtime_error(*args, **kwargs):
     raise RuntimeError("a failure inside the optimizer")
 

@@ -8,7 +8,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from optimus_eqsat.guard import FirstCallChoice, choose, measure_and_choose, mutated_placeholders, step_function, time_interleaved
+from optimus_eqsat.guard import (
+    Deferred,
+    FirstCallChoice,
+    choose,
+    measure_and_choose,
+    mutated_placeholders,
+    step_function,
+    time_interleaved,
+)
 
 
 def _rounds(base: list[float], factor: list[float]) -> dict[str, list[float]]:
@@ -136,8 +144,9 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
         compiled.append(gm)  # first the optimized graph, then the original
         return gm
 
-    def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s):
-        assert set(programs) == {"original", "optimized"} and not training
+    def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s, rewritten):
+        # the pre-grad pass changed the graph: both compiled at once, nothing to ask
+        assert set(programs) == {"original", "optimized"} and not training and rewritten is None
         return GuardResult(kept, {"original": 1.0, "optimized": 2.0}, 2.0, 1.9, 2.1, 5)
 
     monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
@@ -154,6 +163,52 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
     chosen = program.chosen  # the optimized program runs behind its parameter cache (inference)
     assert getattr(chosen, "main", chosen) is compiled[1 if kept == "original" else 0]
     assert report.fell_back == (kept == "original") and "step time" in report.summary()
+
+
+def test_a_deferred_original_is_compiled_only_when_a_pass_rewrote_the_candidate():
+    compiles = []
+
+    def compile_original():
+        compiles.append("original")
+        return lambda x: x + 1
+
+    candidate = lambda x: x + 1  # noqa: E731
+    gm = torch.fx.symbolic_trace(candidate)
+    untouched = measure_and_choose({"original": Deferred(compile_original), "optimized": candidate}, gm,
+                                   [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda: False)
+    assert untouched.kept == "optimized" and untouched.rounds == 0 and not compiles
+    assert untouched.summary().startswith("not timed: kept optimized")
+    programs = {"original": Deferred(compile_original), "optimized": candidate}
+    timed = measure_and_choose(programs, gm, [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda: True)
+    assert compiles == ["original"] and timed.rounds > 0 and "original" in timed.compile_s
+    assert not isinstance(programs["original"], Deferred)  # the compiled program replaced it
+
+
+def test_backend_compiles_once_and_times_nothing_when_no_pass_rewrote(monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    import optimus_eqsat.guard as guard_module
+    from optimus_eqsat.backend import make_backend
+
+    compiled = []
+
+    def fake_compile_fx(gm, example_inputs, **_kwargs):
+        compiled.append(gm)
+        return gm
+
+    def no_timing(*_args, **_kwargs):
+        raise AssertionError("nothing to time")
+
+    monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
+    monkeypatch.setattr(guard_module, "time_interleaved", no_timing)
+    f = lambda x, w: torch.nn.functional.linear(x, w).cumsum(0)  # noqa: E731  nothing to optimize
+    backend = make_backend()
+    x, w = torch.randn(3, 4), torch.randn(5, 4)
+    program = backend(torch.fx.symbolic_trace(f), [x, w])
+    torch.testing.assert_close(program(x, w), f(x, w))
+    report = backend.reports[-1]
+    assert len(compiled) == 1 and report.measured.kept == "optimized" and report.measured.rounds == 0
+    assert not report.fell_back and "not timed" in report.summary()
 
 
 def test_first_call_keeps_the_original_when_timing_fails():

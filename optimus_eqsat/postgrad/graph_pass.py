@@ -114,8 +114,8 @@ class PostGradPass(CustomGraphPass):
     """``optimize_graph`` on every aten graph Inductor compiles (forward and backward).
 
     ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches``
-    :func:`optimize_aten_graph`'s. Reports are appended to ``reports`` as ``(role,
-    report)`` pairs, role "forward" or "backward"."""
+    :func:`optimize_aten_graph`'s. Reports are appended as ``(role, report)`` pairs,
+    role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set)."""
 
     def __init__(self, require_fewer_launches: bool = True, **options: Any):
         options.setdefault("raise_on_error", False)
@@ -126,6 +126,7 @@ class PostGradPass(CustomGraphPass):
         self.options = options
         self.require_fewer_launches = require_fewer_launches
         self.reports: list[tuple[str, OptimizeReport]] = []
+        self.sinks = [self.reports]  # every list the (role, report) pairs go to
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
@@ -139,7 +140,8 @@ class PostGradPass(CustomGraphPass):
             log.warning("optimus_eqsat post-grad (%s): leaving the graph as it was: %s", role, first_line(exc, 400))
             report = OptimizeReport(fell_back=True, fallback_reason=f"post-grad: {first_line(exc, 400)}")
         if report is not None:
-            self.reports.append((role, report))
+            for sink in self.sinks:
+                sink.append((role, report))
             log.info("optimus_eqsat post-grad (%s):\n%s", role, report.summary())
 
     def uuid(self) -> bytes:
