@@ -12,7 +12,6 @@ our own compile.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Sequence
 
 import torch
