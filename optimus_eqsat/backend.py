@@ -106,7 +106,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if measure:
             # Unless the pre-grad pass changed the graph, the candidate is the original graph
             # itself until a post-grad pass rewrites it (the backward's runs on the first call).
-            rewritten = None if pre_changed else (lambda: any(_rewrote(r) for _, r in mine))
+            rewritten = None if pre_changed else (lambda training: _post_grad_rewrote(mine, training))
             compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten)
         _log_report(report)
         return compiled
@@ -188,14 +188,19 @@ def _parameter_work(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
         return None
 
 
-def _rewrote(report: OptimizeReport) -> bool:
-    """Whether a post-grad pass spliced its program into Inductor's graph."""
-    return not report.fell_back and report.changed
+def _post_grad_rewrote(reports: list[tuple[str, OptimizeReport]], training: bool) -> bool:
+    """Whether the post-grad pass spliced a program into a graph of this compile, or may have:
+    a graph it did not see (Inductor's FX graph cache served it, with what the pass wrote
+    when it was compiled) counts as rewritten."""
+    expected = {"forward", "backward"} if training else {"forward"}
+    if not expected <= {role for role, _ in reports}:
+        return True
+    return any(not r.fell_back and r.changed for _, r in reports)
 
 
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
-              rewritten: Callable[[], bool] | None = None) -> Callable:
+              rewritten: Callable[[bool], bool] | None = None) -> Callable:
     """``compiled`` and the original graph compiled, of which the first call keeps the faster.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote

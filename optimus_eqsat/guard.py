@@ -238,7 +238,7 @@ class FirstCallChoice:
 
     def __init__(self, programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule, budget_s: float,
                  on_result: Callable[[GuardResult | Exception], None], baseline: str = "original",
-                 candidate: str = "optimized", rewritten: Callable[[], bool] | None = None):
+                 candidate: str = "optimized", rewritten: Callable[[bool], bool] | None = None):
         self.programs, self.gm, self.budget_s, self.on_result = programs, gm, budget_s, on_result
         self.baseline, self.candidate, self.rewritten = baseline, candidate, rewritten
         self.chosen: Program | None = None
@@ -268,7 +268,7 @@ class FirstCallChoice:
 def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule,
                        example_inputs: Sequence[Any], training: bool, baseline: str = "original",
                        candidate: str = "optimized", budget_s: float = 1.0, margin: float = 0.01,
-                       rewritten: Callable[[], bool] | None = None) -> GuardResult:
+                       rewritten: Callable[[bool], bool] | None = None) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
     choose between ``baseline`` and ``candidate``. The RNG state is restored afterwards and
     inputs the graph writes to are cloned first. Memory a program holds between steps
@@ -276,9 +276,9 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
 
     A :class:`Deferred` program is compiled here, replaced in ``programs`` by what it made.
     With ``rewritten``, one step of the candidate runs first (compiling what it compiles
-    lazily: a training step's backward, where the post-grad pass runs); if ``rewritten()``
-    then says no pass changed the candidate, it is the baseline's own program: kept
-    untimed, and a deferred baseline is never compiled."""
+    lazily: a training step's backward, where the post-grad pass runs); if
+    ``rewritten(training)`` then says no pass changed the candidate, it is the baseline's
+    own program: kept untimed, and a deferred baseline is never compiled."""
     written = mutated_placeholders(gm)
     inputs = [x.detach().clone().requires_grad_(x.requires_grad) if k in written and isinstance(x, torch.Tensor)
               else x for k, x in enumerate(example_inputs)]
@@ -288,8 +288,9 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
     try:
         if rewritten is not None:
             step_function(programs[candidate], inputs, training)()
-            if not rewritten():
-                return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0, timing_s=time.perf_counter() - start,
+            if not rewritten(training):
+                # (no timing_s: that step was mostly the backward's compile, which any compile pays)
+                return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
                                    reason="no pass rewrote the graph: the original program, compiled once")
         compile_s = {}
         for name, program in programs.items():

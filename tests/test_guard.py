@@ -175,11 +175,11 @@ def test_a_deferred_original_is_compiled_only_when_a_pass_rewrote_the_candidate(
     candidate = lambda x: x + 1  # noqa: E731
     gm = torch.fx.symbolic_trace(candidate)
     untouched = measure_and_choose({"original": Deferred(compile_original), "optimized": candidate}, gm,
-                                   [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda: False)
+                                   [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda _training: False)
     assert untouched.kept == "optimized" and untouched.rounds == 0 and not compiles
     assert untouched.summary().startswith("not timed: kept optimized")
     programs = {"original": Deferred(compile_original), "optimized": candidate}
-    timed = measure_and_choose(programs, gm, [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda: True)
+    timed = measure_and_choose(programs, gm, [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda _training: True)
     assert compiles == ["original"] and timed.rounds > 0 and "original" in timed.compile_s
     assert not isinstance(programs["original"], Deferred)  # the compiled program replaced it
 
@@ -192,8 +192,11 @@ def test_backend_compiles_once_and_times_nothing_when_no_pass_rewrote(monkeypatc
 
     compiled = []
 
-    def fake_compile_fx(gm, example_inputs, **_kwargs):
+    def fake_compile_fx(gm, example_inputs, config_patches=None):
         compiled.append(gm)
+        ours = (config_patches or {}).get("post_grad_custom_pre_pass")
+        if ours is not None:
+            ours(gm.graph)  # as Inductor would: the pass sees the forward (and, here, skips it)
         return gm
 
     def no_timing(*_args, **_kwargs):
@@ -209,6 +212,19 @@ def test_backend_compiles_once_and_times_nothing_when_no_pass_rewrote(monkeypatc
     report = backend.reports[-1]
     assert len(compiled) == 1 and report.measured.kept == "optimized" and report.measured.rounds == 0
     assert not report.fell_back and "not timed" in report.summary()
+
+
+def test_a_graph_the_post_grad_pass_did_not_see_counts_as_rewritten():
+    from optimus_eqsat.backend import _post_grad_rewrote
+    from optimus_eqsat.report import OptimizeReport
+
+    kept = OptimizeReport(fell_back=True)
+    assert not _post_grad_rewrote([("forward", kept)], training=False)
+    assert _post_grad_rewrote([], training=False)  # served by Inductor's cache: unknown
+    assert _post_grad_rewrote([("forward", kept)], training=True)  # the backward unseen
+    assert not _post_grad_rewrote([("forward", kept), ("backward", kept)], training=True)
+    spliced = OptimizeReport(launches_before=3, launches_after=2, cost_before=2.0, cost_after=1.0)
+    assert _post_grad_rewrote([("forward", kept), ("backward", spliced)], training=True)
 
 
 def test_first_call_keeps_the_original_when_timing_fails():

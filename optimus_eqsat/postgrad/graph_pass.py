@@ -139,10 +139,12 @@ class PostGradPass(CustomGraphPass):
                 raise
             log.warning("optimus_eqsat post-grad (%s): leaving the graph as it was: %s", role, first_line(exc, 400))
             report = OptimizeReport(fell_back=True, fallback_reason=f"post-grad: {first_line(exc, 400)}")
-        if report is not None:
-            for sink in self.sinks:
-                sink.append((role, report))
-            log.info("optimus_eqsat post-grad (%s):\n%s", role, report.summary())
+        if report is None:  # every call is reported: the backend reads which graphs the pass saw
+            report = OptimizeReport(fell_back=True, fallback_reason="post-grad: skipped (symbolic shapes or "
+                                                                    "no fake inputs); kept the graph")
+        for sink in self.sinks:
+            sink.append((role, report))
+        log.info("optimus_eqsat post-grad (%s):\n%s", role, report.summary())
 
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
