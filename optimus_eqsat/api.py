@@ -22,6 +22,7 @@ from .fx_graphs import copy_module, has_fake_meta, op_count, predict
 from .fxvocab.symbolic import PinnedSize
 from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from .keep_gradients import keep_gradient_inputs
+from .own_outputs import own_sliced_outputs
 from .objective import Objective
 from .options import OptimizeOptions
 from .rebuild import propagate_meta, rebuild
@@ -247,7 +248,8 @@ class OptimizationRun:
             return copy_module(gm)
         if self.objective.mode == "training":
             kept = keep_gradient_inputs(gm, result)
-            if kept and self._wants_meta:
+            owned = own_sliced_outputs(gm, result)
+            if (kept or owned) and self._wants_meta:
                 propagate_meta(result, self.example_inputs)
             report.kept_gradient_inputs = kept
         return result

@@ -27,7 +27,7 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
     after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
     if len(before) != len(after):
         return []
-    outputs = _outputs(original)
+    outputs = graph_outputs(original)
     kept = []
     for old, new in zip(before, after):
         if not old.users or new.users or not _floating(old):
@@ -56,7 +56,7 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
     return kept
 
 
-def _outputs(gm: fx.GraphModule) -> list[fx.Node | None]:
+def graph_outputs(gm: fx.GraphModule) -> list[fx.Node | None]:
     """The graph's outputs in order (None where an output is not a node)."""
     output = gm.graph.output_node()
     return [a if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(output.args[0])]
@@ -114,7 +114,7 @@ def _add_empty_sum(gm: fx.GraphModule, value: fx.Node, position: int) -> None:
     """Output ``position`` of ``gm`` plus an empty sum of ``value``: exactly zero."""
     graph = gm.graph
     output = graph.output_node()
-    target = _outputs(gm)[position]
+    target = graph_outputs(gm)[position]
     if target is None:
         return
     with graph.inserting_before(output):

@@ -1,0 +1,63 @@
+"""Training outputs that slice a batched result are copied out; views the user wrote stay views."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from optimus_eqsat import optimize_graph
+from optimus_eqsat.own_outputs import own_sliced_outputs
+
+
+def _trace(fn) -> fx.GraphModule:
+    return fx.symbolic_trace(fn)
+
+
+def test_slices_of_a_computed_tensor_are_copied_where_the_original_had_no_view():
+    original = _trace(lambda x: (x.sigmoid() * 2, x.tanh(), x[1:]))
+    optimized = _trace(lambda x: (torch.narrow(x.sigmoid() * 2, 0, 0, 4), x.tanh().split(2)[0], x[1:]))
+    x = torch.randn(4, 3)
+    want = optimized(x)
+    copied = own_sliced_outputs(original, optimized)
+    assert len(copied) == 2  # narrow and the split piece; x[1:] is a view of the input
+    outputs = optimized.graph.output_node().args[0]
+    assert [o.target is torch.clone for o in outputs] == [True, True, False]
+    for got, expected in zip(optimized(x), want):
+        torch.testing.assert_close(got, expected)
+    assert optimized(x)[0]._base is None  # owns its memory
+
+
+def test_a_view_the_original_returned_stays_a_view():
+    original = _trace(lambda x: x.sigmoid()[1:])
+    optimized = _trace(lambda x: torch.narrow(x.sigmoid(), 0, 1, 3))
+    assert own_sliced_outputs(original, optimized) == []
+
+
+class TaskTowers(torch.nn.Module):
+    """One output per task from parallel towers on one input (batched into one program)."""
+
+    def __init__(self, tasks: int = 4, width: int = 16):
+        super().__init__()
+        self.towers = torch.nn.ModuleList(torch.nn.Linear(width, 1) for _ in range(tasks))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.sigmoid(tower(torch.relu(x))) for tower in self.towers)
+
+
+def test_training_graph_of_batched_towers_returns_copies_with_eager_gradients():
+    model = TaskTowers()
+    x = torch.randn(6, 16)
+    gm = fx.symbolic_trace(model)
+    optimized = optimize_graph(gm, (x,), mode="training", profile="h100", raise_on_error=True)
+    report = optimized.meta["optimus_eqsat"]
+    assert report.changed and report.mode == "training"
+    out = optimized(x)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    assert all(o._base is None for o in outs)
+    sum(o.sum() for o in outs).backward()
+    got = {name: p.grad.clone() for name, p in optimized.named_parameters()}
+    model.zero_grad()
+    ref = model(x)
+    sum(o.sum() for o in (ref if isinstance(ref, (tuple, list)) else [ref])).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5)
