@@ -19,6 +19,7 @@ import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
+from .fxvocab.symbolic import symbolic_value
 from .guard import Deferred, FirstCallChoice, GuardResult
 from .inductor_compat import INDUCTOR_PATCHES, first_line, is_dynamo_signal
 from .objective import freezing_enabled
@@ -227,12 +228,8 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:
-    """Whether any example input has a symbolic size (or is a symbolic scalar)."""
-    def symbolic(value: Any) -> bool:
-        if isinstance(value, torch.Tensor):
-            return any(isinstance(d, torch.SymInt) for d in value.shape)
-        return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
-    return any(symbolic(x) for x in example_inputs)
+    """Whether any example input is symbolic (a tensor's size, or a scalar)."""
+    return any(symbolic_value(x) or isinstance(x, (torch.SymFloat, torch.SymBool)) for x in example_inputs)
 
 
 def _log_report(report: OptimizeReport | None) -> None:

@@ -32,7 +32,7 @@ from .fxvocab import (
     node_tensor_infos,
     target_name,
 )
-from .fxvocab.symbolic import all_concrete
+from .fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
 from .rebuild_sizes import SizeWriter
 from .term import CTORS, OP_CTORS
 from .translate import Translation
@@ -351,7 +351,7 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     own = [_placeholder_value(n) for n in placeholders]
-    if any(_is_symbolic(v) for v in own):
+    if any(symbolic_value(v) for v in own):
         return _symbolic_fake_prop(gm, own)
     values = list(example_inputs) if example_inputs is not None else own
     if len(values) != len(placeholders):
@@ -381,10 +381,6 @@ def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool
             if "val" in n.meta:
                 n.meta["example_value"] = n.meta["val"]
     return True
-
-
-def _is_symbolic(value: Any) -> bool:
-    return isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and not _static(value))
 
 
 def _symbolic_fake_prop(gm: torch.fx.GraphModule, fakes: list[Any]) -> bool:
@@ -497,10 +493,6 @@ def _same_meta(old: Any, new: torch.Tensor, device: torch.device, mode: Any) -> 
     )
 
 
-def _static(t: torch.Tensor) -> bool:
-    return all(type(s) is int for s in (*t.shape, *t.stride(), t.storage_offset()))
-
-
 def _placeholder_fakes(placeholders: list[torch.fx.Node], values: list[Any]) -> tuple[Any, list[Any]] | None:
     """The placeholders' fake values, all from one fake mode, when they fit ``values``."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -513,7 +505,7 @@ def _placeholder_fakes(placeholders: list[torch.fx.Node], values: list[Any]) -> 
             fakes.append(v)
             continue
         fake = v if isinstance(v, FakeTensor) else _placeholder_value(n)
-        if not isinstance(fake, FakeTensor) or fake.layout != torch.strided or not _static(fake):
+        if not isinstance(fake, FakeTensor) or fake.layout != torch.strided or not static_tensor(fake):
             return None  # (symbolic sizes are never compared: that would add guards)
         if fake is not v and not (
             fake.shape == v.shape and fake.stride() == v.stride() and fake.dtype == v.dtype and fake.device == v.device
@@ -556,7 +548,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
         for n in nodes:
             v = _placeholder_value(n)
             for x in v if isinstance(v, (tuple, list)) else (v,):
-                if isinstance(x, FakeTensor) and x.fake_mode is mode and not _static(x):
+                if isinstance(x, FakeTensor) and x.fake_mode is mode and not static_tensor(x):
                     return None
                 if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                     return None
@@ -681,7 +673,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                     raise RuntimeError(f"unknown node op {op}")
             env[n] = result
             if mode.shape_env is not None and not all(
-                _static(x) if isinstance(x, torch.Tensor) else not isinstance(x, torch.SymInt)
+                static_tensor(x) if isinstance(x, torch.Tensor) else not isinstance(x, torch.SymInt)
                 for x in (result if isinstance(result, (tuple, list)) else (result,))
             ):
                 raise RuntimeError(f"symbolic result of {n.format_node()}")  # FakeTensorProp handles these

@@ -53,6 +53,16 @@ def all_concrete(sizes: Iterable[int]) -> bool:
     return all(s >= 0 for s in sizes)
 
 
+def static_tensor(t: torch.Tensor) -> bool:
+    """Whether every size, stride and the storage offset of ``t`` is a plain int."""
+    return all(type(s) is int for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def symbolic_value(value: Any) -> bool:
+    """Whether ``value`` is a SymInt or a tensor with a symbolic size, stride or offset."""
+    return isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and not static_tensor(value))
+
+
 def size_hint(size: Any) -> int | None:
     """The example value of a size (an int, or a SymInt's hint) without adding a guard
     (``int(symint)`` would specialize it); None for anything else."""
