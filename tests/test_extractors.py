@@ -624,3 +624,16 @@ def test_ilp_search_stops_when_neither_bound_moves():
 
     moving = _Stall(after=1.0, upper=100.0)
     assert not any(moving(t / 10, 100.0, 50.0 + t) for t in range(40))  # the bound keeps rising
+
+
+def test_ilp_search_stops_when_it_finds_nothing_beyond_greedy():
+    from extract.ilp import _GiveUp
+
+    idle = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
+    assert not idle(0.5, float("inf"), 90.0)  # too early
+    assert idle(1.2, float("inf"), 90.0) and idle.reason == "nothing found beyond greedy"
+
+    finding = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
+    assert not finding(1.2, 97.0, 90.0)  # 3% below greedy: the search is paying
+    wide = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
+    assert wide(1.2, 97.0, 10.0) and wide.reason == "gap too wide"
