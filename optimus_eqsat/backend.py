@@ -52,6 +52,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     - ``post_grad=True``: optimize the aten graphs Inductor compiles, forward and
       backward (Inductor's ``post_grad_custom_pre_pass``, patched around our compile
       only); their reports go to ``backend.post_grad_reports`` as (role, report);
+    - ``recompute_masks=True``: in training on the CPU, boolean masks the backward needs
+      (a ReLU's) are recomputed there from tensors it reads anyway instead of being saved:
+      Inductor's C++ kernels write bool tensors slowly (:mod:`optimus_eqsat.postgrad.bool_masks`,
+      Inductor's ``joint_custom_post_pass``, patched around our compile only);
     - ``cache_parameters=True``: in inference, work on parameters alone (the stacks of
       batched weights) runs once and again only when a parameter changes, not every
       step: the parameters move into the stacks' storage (values unchanged), so the stacks
@@ -63,6 +67,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     budget_s = options.pop("measure_budget_s", 1.0)
     pre_grad = options.pop("pre_grad", True)
     post_grad = options.pop("post_grad", True)
+    recompute_masks = options.pop("recompute_masks", True)
     options.setdefault("cached_parameters", options.pop("cache_parameters", True))
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
     # A predicted gain under 1% is within the model's error and below the measured choice's
@@ -89,7 +94,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         from torch._inductor.compile_fx import compile_fx
 
         pre_changed = report is not None and not report.fell_back and report.changed
-        if not pre_changed and not post_grad:
+        if not pre_changed and not post_grad and not recompute_masks:
             _log_report(report)
             return compile_fx(original, example_inputs)
         program = optimized if pre_changed else copy_module(original)
@@ -97,17 +102,22 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original))
             backend.reports.append(report)
         mine: list[tuple[str, OptimizeReport]] = []  # this compile's post-grad reports
-        patches = post_grad_patches(options, post_reports, mine) if post_grad else None
+        masks: list[int] = []  # masks this compile's joint graphs recompute
+        patches = {**(post_grad_patches(options, post_reports, mine) if post_grad else {}),
+                   **(mask_patches(masks) if recompute_masks else {})}
         # (under Inductor's freezing, Inductor folds that work itself)
         cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
             and not freezing_enabled()
         compiled = _compile_program(compile_fx, program, example_inputs, report, patches, cache)
         if compiled is None:
             return compile_fx(original, example_inputs)
+        report.recomputed_masks = sum(masks)  # (the joint graph is partitioned in the forward's compile)
         if measure:
             # Unless the pre-grad pass changed the graph, the candidate is the original graph
             # itself until a post-grad pass rewrites it (the backward's runs on the first call).
-            rewritten = None if pre_changed else (lambda training: _post_grad_rewrote(mine, training))
+            rewritten = None if pre_changed else (
+                lambda training: (recompute_masks and _masks_recomputed(masks, training))
+                or (post_grad and _post_grad_rewrote(mine, training)))
             compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten)
         _log_report(report)
         return compiled
@@ -121,15 +131,31 @@ def post_grad_patches(options: dict[str, Any], *reports: list[tuple[str, Optimiz
     """Inductor config patches that add our post-grad pass after any the user installed
     (``compile_fx`` applies them to its lazily compiled backward too); its reports go to
     every list in ``reports``."""
-    from torch._inductor import config
-
     from .postgrad import PostGradPass
 
     ours = PostGradPass(**options)
     ours.sinks = list(reports)
-    theirs = config.post_grad_custom_pre_pass
+    return _after_theirs("post_grad_custom_pre_pass", ours)
+
+
+def mask_patches(*counts: list[int]) -> dict[str, Any]:
+    """Inductor config patches that add :class:`~.postgrad.bool_masks.RecomputeMasks` after
+    any joint-graph pass the user installed; how many masks each joint graph recomputes goes
+    to every list in ``counts``."""
+    from .postgrad.bool_masks import RecomputeMasks
+
+    ours = RecomputeMasks()
+    ours.sinks = list(counts)
+    return _after_theirs("joint_custom_post_pass", ours)
+
+
+def _after_theirs(option: str, ours: Any) -> dict[str, Any]:
+    """The patch of Inductor's custom-pass ``option`` that runs ``ours`` after the user's."""
+    from torch._inductor import config
+
+    theirs = getattr(config, option)
     passes = (*theirs, ours) if isinstance(theirs, (list, tuple)) else (theirs, ours) if theirs else ours
-    return {"post_grad_custom_pre_pass": passes}
+    return {option: passes}
 
 
 def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -197,6 +223,12 @@ def _post_grad_rewrote(reports: list[tuple[str, OptimizeReport]], training: bool
     if not expected <= {role for role, _ in reports}:
         return True
     return any(not r.fell_back and r.changed for _, r in reports)
+
+
+def _masks_recomputed(counts: list[int], training: bool) -> bool:
+    """Whether the joint-graph pass marked masks in this compile, or may have: in training a
+    joint graph it did not see (a cache served the program) counts as marked."""
+    return training and (not counts or any(counts))
 
 
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,

@@ -29,6 +29,8 @@ class OptimizeReport:
             (``guard.GuardResult``: both times, their ratio and which program was kept).
         parameter_packs: stacks of parameters the backend builds once, in inference, with the
             parameters moved into their storage (None when nothing is cached).
+        recomputed_masks: bool masks the backend's joint-graph pass has the backward recompute
+            instead of saving (training on the CPU; ``postgrad.bool_masks``).
         kept_gradient_inputs: inputs (parameters) the optimized training graph no longer
             needed and reads again through an exact zero, so they still get a (zero) gradient
             (:mod:`optimus_eqsat.keep_gradients`).
@@ -66,6 +68,7 @@ class OptimizeReport:
     measured: Any = None  # guard.GuardResult when the backend timed original and optimized
     parameter_packs: int | None = None  # stacks of weights the backend builds once (inference)
     kept_gradient_inputs: list[str] = field(default_factory=list)  # re-read so they get a zero gradient
+    recomputed_masks: int = 0  # bool masks the backward recomputes instead of saving (backend, CPU training)
 
     @property
     def changed(self) -> bool:
@@ -117,6 +120,9 @@ class OptimizeReport:
         if self.parameter_packs is not None:
             lines.append(f"parameter packs:    {self.parameter_packs} stacks of weights built once, "
                          "the weights moved into them")
+        if self.recomputed_masks:
+            lines.append(f"recomputed masks:   {self.recomputed_masks} bool masks recomputed in the backward, "
+                         "not saved (postgrad/bool_masks.py)")
         if self.kept_gradient_inputs:
             lines.append("kept in autograd:   " + ", ".join(self.kept_gradient_inputs)
                          + " (no longer read; an exact zero keeps their gradient)")

@@ -1,0 +1,126 @@
+"""Recomputing bool masks in the backward (optimus_eqsat/postgrad/bool_masks.py): which masks
+qualify on hand-built joint graphs, and gradients through the backend against eager."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy
+
+from optimus_eqsat.postgrad.bool_masks import RecomputeMasks, recomputable_masks
+
+aten = torch.ops.aten
+
+
+def _node(graph: torch.fx.Graph, target, args, value: torch.Tensor) -> torch.fx.Node:
+    node = graph.call_function(target, args)
+    node.meta["val"] = value
+    return node
+
+
+def _placeholder(graph: torch.fx.Graph, name: str, value: torch.Tensor) -> torch.fx.Node:
+    node = graph.placeholder(name)
+    node.meta["val"] = value
+    return node
+
+
+def _joint_relu_graph(mask_source: str) -> tuple[torch.fx.Graph, torch.fx.Node]:
+    """Joint graph of ``out = relu(x) @ w`` with the ReLU's mask computed in the forward from
+    ``relu`` (which the weight gradient reads) or from a random tensor (a dropout's)."""
+    x, w, g = torch.randn(4, 3), torch.randn(3, 2), torch.randn(4, 2)
+    graph = torch.fx.Graph()
+    px, pw, tangent = _placeholder(graph, "primals_1", x), _placeholder(graph, "primals_2", w), \
+        _placeholder(graph, "tangents_1", g)
+    relu = _node(graph, aten.relu.default, (px,), x.relu())
+    out = _node(graph, aten.mm.default, (relu, pw), x.relu() @ w)
+    source = relu if mask_source == "relu" else _node(graph, aten.rand_like.default, (px,), torch.rand(4, 3))
+    mask = _node(graph, aten.le.Scalar, (source, 0), x <= 0)
+    relu_t = _node(graph, aten.t.default, (relu,), x.relu().t())
+    grad_w = _node(graph, aten.mm.default, (relu_t, tangent), x.relu().t() @ g)
+    grad_relu = _node(graph, aten.mm.default, (tangent, _node(graph, aten.t.default, (pw,), w.t())), g @ w.t())
+    grad_x = _node(graph, aten.where.self, (mask, 0.0, grad_relu), grad_relu.meta["val"])
+    graph.output((out, grad_x, grad_w))
+    return graph, mask
+
+
+def test_mask_of_a_tensor_the_backward_reads_is_recomputed():
+    graph, mask = _joint_relu_graph("relu")
+    assert recomputable_masks(graph) == [mask]
+    RecomputeMasks()(graph)
+    assert mask.meta["recompute"] == CheckpointPolicy.MUST_RECOMPUTE
+
+
+def test_mask_of_random_numbers_stays_saved():
+    graph, mask = _joint_relu_graph("random")
+    assert recomputable_masks(graph) == []
+
+
+def test_mask_of_a_piece_of_a_saved_cat_reads_the_cat():
+    """Experts concatenated for a gate: the piece's mask is recomputed from the cat's slice."""
+    a, b, g = torch.randn(4, 3), torch.randn(4, 2), torch.randn(4, 5)
+    graph = torch.fx.Graph()
+    pa, pb, tangent = _placeholder(graph, "primals_1", a), _placeholder(graph, "primals_2", b), \
+        _placeholder(graph, "tangents_1", g)
+    ra = _node(graph, aten.relu.default, (pa,), a.relu())
+    rb = _node(graph, aten.relu.default, (pb,), b.relu())
+    cat = _node(graph, aten.cat.default, ([ra, rb], 1), torch.cat([a.relu(), b.relu()], 1))
+    out = _node(graph, aten.mul.Tensor, (cat, cat), cat.meta["val"] ** 2)
+    grad_cat = _node(graph, aten.mul.Tensor, (tangent, cat), g * cat.meta["val"])  # reads the cat
+    grad_b = _node(graph, aten.slice.Tensor, (grad_cat, 1, 3, 5), g[:, 3:])
+    mask = _node(graph, aten.le.Scalar, (rb, 0), b <= 0)
+    grad_pb = _node(graph, aten.where.self, (mask, 0.0, grad_b), grad_b.meta["val"])
+    graph.output((out, grad_pb))
+    assert recomputable_masks(graph) == [mask]
+    piece = mask.args[0]
+    assert piece.target is aten.slice.Tensor and piece.args == (cat, 1, 3, 5)
+    graph.lint()
+
+
+def test_graph_without_tangents_is_left_alone():
+    x = torch.randn(4)
+    graph = torch.fx.Graph()
+    px = _placeholder(graph, "primals_1", x)
+    graph.output((_node(graph, aten.le.Scalar, (px, 0), x <= 0),))
+    assert recomputable_masks(graph) == []
+
+
+class _Experts(nn.Module):
+    """ReLU experts concatenated and gated (the masks of mmoe's experts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.ReLU())
+                                     for _ in range(3))
+        self.gate = nn.Linear(8, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stacked = torch.cat([e(x) for e in self.experts], 1)
+        return (stacked * torch.sigmoid(self.gate(x))).sum(1)
+
+
+def test_backend_gradients_match_eager_with_masks_recomputed():
+    from optimus_eqsat.backend import make_backend
+
+    torch.manual_seed(0)
+    model = _Experts()
+    reference = copy.deepcopy(model)
+    backend = make_backend(pre_grad=False, post_grad=False, measure=False)
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(32, 8)
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached program skips the pass
+        compiled(x).sum().backward()
+    reference(x).sum().backward()
+    assert backend.reports[0].recomputed_masks >= 6  # both ReLUs of every expert
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_unseen_joint_graph_counts_as_recomputed():
+    from optimus_eqsat.backend import _masks_recomputed
+
+    assert _masks_recomputed([], training=True)  # a cache served it: may hold recomputed masks
+    assert not _masks_recomputed([0], training=True)
+    assert _masks_recomputed([0, 3], training=True)
+    assert not _masks_recomputed([], training=False)  # inference has no joint graph
