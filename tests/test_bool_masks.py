@@ -53,7 +53,7 @@ def test_mask_of_a_tensor_the_backward_reads_is_recomputed():
 
 
 def test_mask_of_random_numbers_stays_saved():
-    graph, mask = _joint_relu_graph("random")
+    graph, _ = _joint_relu_graph("random")
     assert recomputable_masks(graph) == []
 
 
