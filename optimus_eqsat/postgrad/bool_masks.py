@@ -27,6 +27,7 @@ measured choice times the result against Inductor's own program.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -34,7 +35,11 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
 
+from ..inductor_compat import first_line
+
 __all__ = ["RecomputeMasks", "recomputable_masks"]
+
+log = logging.getLogger("optimus_eqsat")
 
 
 def _value(node: Any) -> Any:
@@ -87,7 +92,9 @@ def _piece_of_saved_cat(node: torch.fx.Node, backward: set[torch.fx.Node]) -> tu
         dim = dim % value.dim()
         start = 0
         for piece in pieces:
-            size = _value(piece).shape[dim]
+            size = getattr(_value(piece), "shape", (None,) * (dim + 1))[dim]
+            if not isinstance(size, int):  # a symbolic (or unknown) size: no constant slice to write
+                return None
             if piece is node:
                 return user, dim, start, start + size
             start += size
@@ -134,7 +141,11 @@ class RecomputeMasks(CustomGraphPass):
         self.sinks: list[list[int]] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        masks = recomputable_masks(graph)
+        try:
+            masks = recomputable_masks(graph)
+        except Exception as exc:  # never fail the user's compile: its rewrites are exact, tags optional
+            log.warning("optimus_eqsat joint graph: masks left saved: %s", first_line(exc))
+            masks = []
         for node in masks:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
         for sink in self.sinks:
