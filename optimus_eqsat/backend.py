@@ -20,7 +20,7 @@ import torch.fx
 from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
 from .fxvocab.symbolic import symbolic_value
-from .guard import Deferred, FirstCallChoice, GuardResult
+from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult
 from .inductor_compat import INDUCTOR_PATCHES, first_line, is_dynamo_signal
 from .objective import freezing_enabled
 from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
@@ -48,6 +48,9 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       timing on the first call; nothing when no pass rewrote the graph (the compiled
       program is then the original graph, kept untimed);
     - ``measure_budget_s`` (default 1.0): seconds of interleaved timing;
+    - ``memory_slack`` (default ``(1.05, 65536)``): the measured choice keeps a faster program
+      only when its peak memory (inputs and parameters included) stays within this factor of
+      the original's plus these bytes; ``(1.5, 1 << 20)``, say, trades more memory for speed;
     - ``pre_grad=True``: optimize Dynamo's graph before AOTAutograd;
     - ``post_grad=True``: optimize the aten graphs Inductor compiles, forward and
       backward (Inductor's ``post_grad_custom_pre_pass``, patched around our compile
@@ -65,6 +68,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     use_inductor = options.pop("inductor", True)
     measure = options.pop("measure", True)
     budget_s = options.pop("measure_budget_s", 1.0)
+    memory_slack = _memory_slack(options.pop("memory_slack", MEMORY_SLACK))
     pre_grad = options.pop("pre_grad", True)
     post_grad = options.pop("post_grad", True)
     recompute_masks = options.pop("recompute_masks", True)
@@ -118,7 +122,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             rewritten = None if pre_changed else (
                 lambda training: (recompute_masks and _masks_recomputed(masks, training))
                 or (post_grad and _post_grad_rewrote(mine, training)))
-            compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten)
+            compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten,
+                                 memory_slack)
         _log_report(report)
         return compiled
 
@@ -233,7 +238,8 @@ def _masks_recomputed(counts: list[int], training: bool) -> bool:
 
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
-              rewritten: Callable[[bool], bool] | None = None) -> Callable:
+              rewritten: Callable[[bool], bool] | None = None,
+              memory_slack: tuple[float, int] = MEMORY_SLACK) -> Callable:
     """``compiled`` and the original graph compiled, of which the first call keeps the faster.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
@@ -256,7 +262,19 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         log.info("optimus_eqsat: %s", result.summary())
 
     return FirstCallChoice({"original": baseline, "optimized": compiled}, original, budget_s, record,
-                           rewritten=rewritten)
+                           rewritten=rewritten, memory_slack=memory_slack)
+
+
+def _memory_slack(value: Any) -> tuple[float, int]:
+    """``memory_slack`` checked when the backend is made: (factor >= 1, bytes >= 0)."""
+    try:
+        factor, extra = value
+        factor, extra = float(factor), int(extra)
+    except (TypeError, ValueError):
+        raise ValueError(f"memory_slack must be (factor, bytes), got {value!r}") from None
+    if factor < 1 or extra < 0:
+        raise ValueError(f"memory_slack must be a factor >= 1 and bytes >= 0, got {value!r}")
+    return factor, extra
 
 
 def _symbolic(example_inputs: Sequence[Any]) -> bool:

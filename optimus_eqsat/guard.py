@@ -164,15 +164,16 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin: float = 0.01,
-           peak_bytes: dict[str, int] | None = None, resident_bytes: int = 0) -> GuardResult:
+           peak_bytes: dict[str, int] | None = None, resident_bytes: int = 0,
+           memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
     """Keep ``candidate`` only when it is faster than ``baseline`` beyond the noise and its
     peak memory (when measured: ``peak_bytes`` above the ``resident_bytes`` both hold) within
-    ``MEMORY_SLACK`` of the baseline's."""
+    ``memory_slack`` (a factor and bytes on top) of the baseline's."""
     ratios = [c / b for c, b in zip(rounds[candidate], rounds[baseline])]
     median, p25, p75 = statistics.median(ratios), _quantile(ratios, 0.25), _quantile(ratios, 0.75)
     faster = median < 1 - margin and p75 < 1
     peaks = peak_bytes or {}
-    scale, slack = MEMORY_SLACK
+    scale, slack = memory_slack
     lean = not peaks or peaks[candidate] + resident_bytes <= (peaks[baseline] + resident_bytes) * scale + slack
     kept = candidate if faster and lean else baseline
     reason = ("faster beyond the noise" if faster and lean else
@@ -238,9 +239,11 @@ class FirstCallChoice:
 
     def __init__(self, programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule, budget_s: float,
                  on_result: Callable[[GuardResult | Exception], None], baseline: str = "original",
-                 candidate: str = "optimized", rewritten: Callable[[bool], bool] | None = None):
+                 candidate: str = "optimized", rewritten: Callable[[bool], bool] | None = None,
+                 memory_slack: tuple[float, int] = MEMORY_SLACK):
         self.programs, self.gm, self.budget_s, self.on_result = programs, gm, budget_s, on_result
         self.baseline, self.candidate, self.rewritten = baseline, candidate, rewritten
+        self.memory_slack = memory_slack
         self.chosen: Program | None = None
 
     def __call__(self, *args: Any) -> Any:
@@ -253,7 +256,8 @@ class FirstCallChoice:
         training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in args)
         try:
             result = measure_and_choose(self.programs, self.gm, args, training, self.baseline, self.candidate,
-                                        budget_s=self.budget_s, rewritten=self.rewritten)
+                                        budget_s=self.budget_s, rewritten=self.rewritten,
+                                        memory_slack=self.memory_slack)
         except Exception as exc:  # never fail the user's step over a measurement
             log.warning("optimus_eqsat: could not time the programs (%s: %s); keeping the original",
                         type(exc).__name__, str(exc).strip().splitlines()[:1])
@@ -268,7 +272,8 @@ class FirstCallChoice:
 def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule,
                        example_inputs: Sequence[Any], training: bool, baseline: str = "original",
                        candidate: str = "optimized", budget_s: float = 1.0, margin: float = 0.01,
-                       rewritten: Callable[[bool], bool] | None = None) -> GuardResult:
+                       rewritten: Callable[[bool], bool] | None = None,
+                       memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
     choose between ``baseline`` and ``candidate``. The RNG state is restored afterwards and
     inputs the graph writes to are cloned first. Memory a program holds between steps
@@ -305,7 +310,7 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs))
+    result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
     result.compile_s = compile_s
     result.timing_s = time.perf_counter() - start - sum(compile_s.values())
     return result

@@ -33,6 +33,21 @@ def test_a_faster_candidate_that_needs_more_memory_is_not_kept():
     held = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
                   resident_bytes=100 << 20)
     assert held.kept == "optimized" and "above 100.00 MiB of inputs" in held.summary()
+    # a looser memory_slack trades the memory for the speed
+    traded = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
+                    memory_slack=(1.25, 0))
+    assert traded.kept == "optimized"
+
+
+def test_backend_checks_memory_slack_when_made():
+    import pytest
+
+    from optimus_eqsat.backend import make_backend
+
+    make_backend(memory_slack=(1.5, 1 << 20))
+    for bad in ((0.9, 0), (1.1, -1), "lots", (1.1,)):
+        with pytest.raises(ValueError, match="memory_slack"):
+            make_backend(memory_slack=bad)
 
 
 def test_resident_bytes_count_each_storage_once():
