@@ -159,9 +159,11 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
         compiled.append(gm)  # first the optimized graph, then the original
         return gm
 
-    def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s, rewritten):
+    def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s, rewritten,
+                     memory_slack):
         # the pre-grad pass changed the graph: both compiled at once, nothing to ask
         assert set(programs) == {"original", "optimized"} and not training and rewritten is None
+        assert memory_slack == guard_module.MEMORY_SLACK
         return GuardResult(kept, {"original": 1.0, "optimized": 2.0}, 2.0, 1.9, 2.1, 5)
 
     monkeypatch.setattr(cfx, "compile_fx", fake_compile_fx)
