@@ -122,8 +122,13 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             rewritten = None if pre_changed else (
                 lambda training: (recompute_masks and _masks_recomputed(masks, training))
                 or (post_grad and _post_grad_rewrote(mine, training)))
+            # Masks recomputed under a rewritten graph: the original graph with the masks alone is
+            # a third candidate (the rewrites may cost the memory the masks do not).
+            extra = {"masked": Deferred(lambda: compile_fx(copy_module(original), example_inputs,
+                                                           config_patches=mask_patches()))} \
+                if pre_changed and any(masks) and not _symbolic(example_inputs) else {}
             compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten,
-                                 memory_slack)
+                                 memory_slack, extra)
         _log_report(report)
         return compiled
 
@@ -239,7 +244,7 @@ def _masks_recomputed(counts: list[int], training: bool) -> bool:
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
               rewritten: Callable[[bool], bool] | None = None,
-              memory_slack: tuple[float, int] = MEMORY_SLACK) -> Callable:
+              memory_slack: tuple[float, int] = MEMORY_SLACK, extra: dict[str, Deferred] | None = None) -> Callable:
     """``compiled`` and the original graph compiled, of which the first call keeps the faster.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
@@ -254,15 +259,19 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         if isinstance(result, Exception):
             report.fell_back, report.fallback_reason = True, f"measurement failed: {first_line(result, 400)}"
             return
-        if deferred.compile_s:
-            result.compile_s["original"] = deferred.compile_s
+        for name, program in {"original": deferred, **(extra or {})}.items():
+            if program.compile_s:
+                result.compile_s[name] = program.compile_s
         report.measured = result
-        if result.kept == "original":
+        if result.kept == "masked":
+            report.fell_back, report.fallback_reason = True, f"measured: kept the original graph with its " \
+                                                             f"masks recomputed: {result.summary()}"
+        elif result.kept != "optimized":
             report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
         log.info("optimus_eqsat: %s", result.summary())
 
-    return FirstCallChoice({"original": baseline, "optimized": compiled}, original, budget_s, record,
-                           rewritten=rewritten, memory_slack=memory_slack)
+    return FirstCallChoice({"original": baseline, "optimized": compiled, **(extra or {})}, original, budget_s,
+                           record, rewritten=rewritten, memory_slack=memory_slack)
 
 
 def _memory_slack(value: Any) -> tuple[float, int]:

@@ -183,6 +183,16 @@ def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin
                        len(ratios), reason=reason, peak_bytes=dict(peaks), resident_bytes=resident_bytes)
 
 
+def choose_among(rounds: dict[str, list[float]], baseline: str, candidates: Sequence[str], margin: float = 0.01,
+                 peak_bytes: dict[str, int] | None = None, resident_bytes: int = 0,
+                 memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
+    """:func:`choose` for each of ``candidates`` against ``baseline``: the fastest candidate
+    that passes (lowest median ratio), or, when none does, the verdict on the first."""
+    results = [choose(rounds, baseline, c, margin, peak_bytes, resident_bytes, memory_slack) for c in candidates]
+    passed = [r for r in results if r.kept != baseline]
+    return min(passed, key=lambda r: r.ratio) if passed else results[0]
+
+
 def resident_bytes(inputs: Sequence[Any]) -> int:
     """Bytes of the storages of the tensors in ``inputs``, each storage once."""
     storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
@@ -275,7 +285,8 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
                        rewritten: Callable[[bool], bool] | None = None,
                        memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
-    choose between ``baseline`` and ``candidate``. The RNG state is restored afterwards and
+    choose between ``baseline`` and ``candidate`` (or any further program in ``programs``:
+    the fastest that passes, :func:`choose_among`). The RNG state is restored afterwards and
     inputs the graph writes to are cloned first. Memory a program holds between steps
     (its ``held_bytes``, a cache) is added to its peak.
 
@@ -310,7 +321,9 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
+    others = [name for name in programs if name not in (baseline, candidate)]
+    result = choose_among(rounds, baseline, [candidate, *others], margin, peaks, resident_bytes(inputs),
+                          memory_slack)
     result.compile_s = compile_s
     result.timing_s = time.perf_counter() - start - sum(compile_s.values())
     return result

@@ -274,3 +274,17 @@ def test_training_compile_then_backward_through_the_backend():
     for g, p in zip(got, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
     assert backend.reports[-1].measured is not None
+
+
+def test_the_fastest_passing_candidate_is_kept():
+    from optimus_eqsat.guard import choose_among
+
+    rounds = {"original": [1.0] * 9, "optimized": [0.7] * 9, "masked": [0.8] * 9}
+    peaks = {"original": 10 << 20, "optimized": 14 << 20, "masked": 10 << 20}
+    result = choose_among(rounds, "original", ["optimized", "masked"], peak_bytes=peaks)
+    assert result.kept == "masked" and abs(result.ratio - 0.8) < 1e-9  # optimized holds 40% more
+    peaks["optimized"] = 10 << 20
+    assert choose_among(rounds, "original", ["optimized", "masked"], peak_bytes=peaks).kept == "optimized"
+    slow = {"original": [1.0] * 9, "optimized": [1.2] * 9, "masked": [1.1] * 9}
+    verdict = choose_among(slow, "original", ["optimized", "masked"])
+    assert verdict.kept == "original" and verdict.reason == "slower"
