@@ -224,9 +224,7 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
 
 
 class Deferred:
-    """A program compiled only when a measurement needs it (``compile_s`` says how long it took).
-    A compile that returns None says the program is not needed after all: the measurement drops
-    it (never the baseline's)."""
+    """A program compiled only when a measurement needs it (``compile_s`` says how long it took)."""
 
     def __init__(self, compile: Callable[[], Program]):
         self._compile, self.compile_s = compile, 0.0
@@ -311,13 +309,9 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
                 return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
                                    reason="no pass rewrote the graph: the original program, compiled once")
         compile_s = {}
-        for name, program in list(programs.items()):
+        for name, program in programs.items():
             if isinstance(program, Deferred):
-                made = program()
-                if made is None:  # not needed after all (see Deferred)
-                    del programs[name]
-                    continue
-                programs[name], compile_s[name] = made, program.compile_s
+                programs[name], compile_s[name] = program(), program.compile_s
         steps = {name: step_function(p, inputs, training) for name, p in programs.items()}
         rounds = time_interleaved(steps, budget_s=budget_s)
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)

@@ -289,9 +289,3 @@ def test_the_fastest_passing_candidate_is_kept():
     verdict = choose_among(slow, "original", ["optimized", "masked"])
     assert verdict.kept == "original" and verdict.reason == "slower"
 
-
-def test_a_deferred_candidate_that_is_not_needed_is_dropped():
-    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
-    programs = {"original": lambda x: x.relu(), "optimized": lambda x: x.relu(), "masked": Deferred(lambda: None)}
-    result = measure_and_choose(programs, gm, [torch.randn(4)], training=False, budget_s=0.02)
-    assert "masked" not in programs and set(result.step_s) == {"original", "optimized"}
