@@ -175,3 +175,15 @@ def test_rewritten_training_graph_is_measured_against_the_original_with_masks_al
     assert set(report.measured.step_s) == {"original", "optimized", "masked"}
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_random_bool_op_is_never_recomputed():
+    """A mask drawn at random (here bernoulli writing bool) must keep its draw."""
+    x, g = torch.rand(4, 3), torch.randn(4, 3)
+    graph = torch.fx.Graph()
+    px, tangent = _placeholder(graph, "primals_1", x), _placeholder(graph, "tangents_1", g)
+    drawn = _node(graph, aten.bernoulli.default, (px,), x > 0.5)  # bool-valued meta: the op is random
+    out = _node(graph, aten.mul.Tensor, (px, drawn), x)
+    grad = _node(graph, aten.mul.Tensor, (tangent, drawn), g)
+    graph.output((out, grad))
+    assert recomputable_masks(graph) == []

@@ -116,7 +116,8 @@ def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
         value = _value(node)
         if (node.op != "call_function" or node in backward or node in outputs or _is_view(node)
                 or not isinstance(value, torch.Tensor) or value.dtype != torch.bool
-                or value.device.type != "cpu"):
+                or value.device.type != "cpu"
+                or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())):  # random: never redone
             continue
         sources = [arg for arg in node.all_input_nodes if isinstance(_value(arg), torch.Tensor)]
         pieces = {arg: _piece_of_saved_cat(arg, backward) for arg in sources
