@@ -36,7 +36,7 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..inductor_compat import first_line
+from ..inductor_compat import first_line, is_dynamo_signal
 
 __all__ = ["RecomputeMasks", "recomputable_masks"]
 
@@ -146,6 +146,8 @@ class RecomputeMasks(CustomGraphPass):
         try:
             masks = recomputable_masks(graph)
         except Exception as exc:  # never fail the user's compile: its rewrites are exact, tags optional
+            if is_dynamo_signal(exc):
+                raise
             log.warning("optimus_eqsat joint graph: masks left saved: %s", first_line(exc))
             masks = []
         for node in masks:
