@@ -635,5 +635,7 @@ def test_ilp_search_stops_when_it_finds_nothing_beyond_greedy():
 
     finding = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
     assert not finding(1.2, 97.0, 90.0)  # 3% below greedy: the search is paying
+    small = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
+    assert small(1.2, 99.5, 90.0) and small.reason == "nothing found beyond greedy"  # 0.5%: model error
     wide = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
     assert wide(1.2, 97.0, 10.0) and wide.reason == "gap too wide"
