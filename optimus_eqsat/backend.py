@@ -21,7 +21,7 @@ from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
 from .fxvocab.symbolic import symbolic_value
 from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult
-from .inductor_compat import INDUCTOR_PATCHES, first_line, is_dynamo_signal
+from .inductor_compat import first_line, inductor_patches, is_dynamo_signal
 from .objective import freezing_enabled
 from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
 from .report import OptimizeReport
@@ -112,6 +112,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         # (under Inductor's freezing, Inductor folds that work itself)
         cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
             and not freezing_enabled()
+        patches = {**inductor_patches(pre_changed), **patches}
         compiled = _compile_program(compile_fx, program, example_inputs, report, patches, cache)
         if compiled is None:
             return compile_fx(original, example_inputs)
@@ -142,10 +143,11 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
 def post_grad_patches(options: dict[str, Any], *reports: list[tuple[str, OptimizeReport]]) -> dict[str, Any]:
     """Inductor config patches that add our post-grad pass after any the user installed
     (``compile_fx`` applies them to its lazily compiled backward too); its reports go to
-    every list in ``reports``."""
+    every list in ``reports``. The pass turns in-place buffers off in a graph it rewrites:
+    compile with :func:`~.inductor_compat.inductor_patches` too, which restores them."""
     from .postgrad import PostGradPass
 
-    ours = PostGradPass(**options)
+    ours = PostGradPass(turn_off_inplace=True, **options)
     ours.sinks = list(reports)
     return _after_theirs("post_grad_custom_pre_pass", ours)
 
@@ -172,11 +174,11 @@ def _after_theirs(option: str, ours: Any) -> dict[str, Any]:
 
 def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
              report: OptimizeReport, patches: dict[str, Any] | None = None) -> Callable | None:
-    """Inductor on the optimized graph (with our post-grad pass in ``patches``, and
-    :data:`~.inductor_compat.INDUCTOR_PATCHES`); None (and a logged fallback) when Inductor
-    fails on it."""
+    """Inductor on the optimized graph with config ``patches`` (our post-grad pass, and
+    :func:`~.inductor_compat.inductor_patches`; those for a rewritten graph when None); None
+    (and a logged fallback) when Inductor fails on it."""
     try:
-        return compile_fx(gm, example_inputs, config_patches={**INDUCTOR_PATCHES, **(patches or {})})
+        return compile_fx(gm, example_inputs, config_patches=patches if patches is not None else inductor_patches(True))
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again

@@ -171,8 +171,10 @@ def test_rewritten_training_graph_is_measured_against_the_original_with_masks_al
         compiled(x).sum().backward()
     reference(x).sum().backward()
     report = backend.reports[0]
-    assert report.changed and report.recomputed_masks > 0 and report.measured is not None
-    assert set(report.measured.step_s) == {"original", "optimized", "masked"}
+    # (changed is False when the measurement keeps another candidate: the pre-grad rewrite shows
+    # in the launches)
+    assert report.launches_after < report.launches_before and report.recomputed_masks > 0
+    assert report.measured is not None and set(report.measured.step_s) == {"original", "optimized", "masked"}
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
 

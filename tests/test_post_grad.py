@@ -217,23 +217,45 @@ def test_backend_post_grad_end_to_end_matches_eager_and_restores_config():
 
     from optimus_eqsat.backend import make_backend
 
-    seen = []
+    seen, inplace = [], []
 
     def users_pass(graph):
         seen.append(graph_role(graph))
 
+    def users_post_pass(graph):  # runs after ours, inside the same compile
+        inplace.append(config.inplace_buffers)
+
     model, inputs = _model_and_inputs()
     backend = make_backend(pre_grad=False, post_grad=True, measure=False, profile="cpu", raise_on_error=True)
-    with config.patch(post_grad_custom_pre_pass=users_pass, fx_graph_cache=False):
+    with config.patch(post_grad_custom_pre_pass=users_pass, post_grad_custom_post_pass=users_post_pass,
+                      fx_graph_cache=False):
         (out_o, grad_o), (out_e, grad_e) = _compile_step(model, inputs, backend)
         assert config.post_grad_custom_pre_pass is users_pass  # ours was patched around our compile only
     assert config.post_grad_custom_pre_pass is None
+    # the graphs our pass rewrote compile without in-place buffers; the setting comes back after
+    assert inplace == [False, False] and config.inplace_buffers is True
     for a, e in zip([*out_o, *grad_o], [*out_e, *grad_e]):
         torch.testing.assert_close(a, e, rtol=RTOL, atol=ATOL)
     assert sorted(seen) == ["backward", "forward"]  # the user's pass still ran
     roles = [role for role, _ in backend.post_grad_reports]
     assert sorted(roles) == ["backward", "forward"]
     assert all(not r.fell_back for _, r in backend.post_grad_reports)
+
+
+def test_a_graph_no_pass_rewrites_compiles_with_the_users_inductor_settings():
+    """Nothing rewritten: the program is Inductor's own (in-place buffers stay on)."""
+    from torch._inductor import config
+
+    from optimus_eqsat.backend import make_backend
+
+    inplace = []
+    model, inputs = nn.Linear(8, 4), (torch.randn(3, 8),)
+    backend = make_backend(measure=False, profile="cpu")
+    with config.patch(post_grad_custom_post_pass=lambda graph: inplace.append(config.inplace_buffers),
+                      fx_graph_cache=False):
+        _compile_step(model, inputs, backend)
+    assert all(r.fell_back or not r.changed for _, r in backend.post_grad_reports)
+    assert inplace == [True, True]
 
 
 def _inductor_training_step(model: nn.Module, inputs):

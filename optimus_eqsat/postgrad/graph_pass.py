@@ -33,7 +33,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from ..api import OptimizeOptions, optimize_graph
 from ..extract.cost_model import profile_for_inputs
 from ..fx_graphs import copy_module
-from ..inductor_compat import first_line, is_dynamo_signal
+from ..inductor_compat import first_line, is_dynamo_signal, turn_off_inplace_buffers
 from ..report import OptimizeReport
 from .lowering import fake_inputs, lower_to_aten, splice
 
@@ -67,14 +67,16 @@ def graph_role(graph: torch.fx.Graph) -> str:
 
 
 def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = True,
-                        **options: Any) -> OptimizeReport | None:
+                        turn_off_inplace: bool = False, **options: Any) -> OptimizeReport | None:
     """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
 
     Returns the report, or None when the graph was skipped (symbolic shapes, or no fake
     inputs to lower with). The graph is rewritten only when the optimizer's program is
     predicted to launch fewer kernels (``require_fewer_launches=False``: whenever the
     optimizer keeps its program, as the fuzzer wants); on a failure it is left as it was
-    and the exception propagates."""
+    and the exception propagates. ``turn_off_inplace``: once rewritten, the graph is compiled
+    without in-place buffers (:func:`~..inductor_compat.turn_off_inplace_buffers`: only
+    inside a compile whose config patches restore them)."""
     inputs = fake_inputs(graph)
     if inputs is None:
         return None
@@ -97,6 +99,8 @@ def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = Tr
         return report
     lowered = lower_to_aten(optimized, inputs)
     splice(graph, lowered)
+    if turn_off_inplace:
+        turn_off_inplace_buffers()  # our cats must not be written over in place (inductor_compat)
     report.nodes_after = sum(1 for n in graph.nodes if n.op == "call_function")
     return report
 
@@ -113,11 +117,13 @@ POST_GRAD_ILP_SECONDS = 3.0
 class PostGradPass(CustomGraphPass):
     """``optimize_graph`` on every aten graph Inductor compiles (forward and backward).
 
-    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches``
-    :func:`optimize_aten_graph`'s. Reports are appended as ``(role, report)`` pairs,
+    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches`` and
+    ``turn_off_inplace`` :func:`optimize_aten_graph`'s (the backend sets the latter, and
+    patches the keys it writes around its compile; installed by hand, compile with
+    ``config.patch(INDUCTOR_PATCHES)`` instead). Reports are appended as ``(role, report)`` pairs,
     role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set)."""
 
-    def __init__(self, require_fewer_launches: bool = True, **options: Any):
+    def __init__(self, require_fewer_launches: bool = True, turn_off_inplace: bool = False, **options: Any):
         options.setdefault("raise_on_error", False)
         # The aten graphs come after the pre-grad pass did the batching; their ILP rarely finds
         # more than greedy, and spent up to its 8 s on each graph (training at batch 2048).
@@ -125,13 +131,14 @@ class PostGradPass(CustomGraphPass):
         OptimizeOptions.from_kwargs(**options)  # a caller's mistake is an error here, not in the compile
         self.options = options
         self.require_fewer_launches = require_fewer_launches
+        self.turn_off_inplace = turn_off_inplace
         self.reports: list[tuple[str, OptimizeReport]] = []
         self.sinks = [self.reports]  # every list the (role, report) pairs go to
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
         try:
-            report = optimize_aten_graph(graph, self.require_fewer_launches, **self.options)
+            report = optimize_aten_graph(graph, self.require_fewer_launches, self.turn_off_inplace, **self.options)
         except Exception as exc:
             if is_dynamo_signal(exc):
                 raise
@@ -149,4 +156,4 @@ class PostGradPass(CustomGraphPass):
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
         settings = sorted((k, repr(v)) for k, v in self.options.items())
-        return get_hash_for_files(files, repr((settings, self.require_fewer_launches)))
+        return get_hash_for_files(files, repr((settings, self.require_fewer_launches, self.turn_off_inplace)))
