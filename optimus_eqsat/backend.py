@@ -124,7 +124,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                 lambda training: (recompute_masks and _masks_recomputed(masks, training))
                 or (post_grad and _post_grad_rewrote(mine, training)))
             # Masks recomputed: the original graph with the masks alone, compiled with Inductor's
-            # own settings, is a third candidate. Our passes' rewrites, and the in-place reuse our
+            # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites, and the in-place reuse our
             # programs go without (INDUCTOR_PATCHES), can cost memory the masks do not
             # (transformer training at 256: 16% more peak memory, the masks alone 5% less).
             extra = {"masked": Deferred(lambda: compile_fx(copy_module(original), example_inputs,

@@ -156,8 +156,8 @@ def test_dynamic_batch_and_symbolic_cat_are_safe():
 
 def test_rewritten_training_graph_is_measured_against_the_original_with_masks_alone():
     """Pre-grad rewrites and recomputed masks: the original graph with only the masks is a third
-    candidate (the rewrites can cost memory the masks do not); whichever is kept, the gradients
-    are eager's."""
+    candidate when the rewritten one is not kept (the rewrites can cost memory the masks do
+    not); whichever is kept, the gradients are eager's."""
     from optimus_eqsat.backend import make_backend
 
     torch._dynamo.reset()  # (another batch size of the same code would make it dynamic: no third candidate)
@@ -174,7 +174,10 @@ def test_rewritten_training_graph_is_measured_against_the_original_with_masks_al
     # (changed is False when the measurement keeps another candidate: the pre-grad rewrite shows
     # in the launches)
     assert report.launches_after < report.launches_before and report.recomputed_masks > 0
-    assert report.measured is not None and set(report.measured.step_s) == {"original", "optimized", "masked"}
+    assert report.measured is not None
+    # the masks alone are compiled and timed only when the rewritten program is not kept
+    timed = {"original", "optimized"} | ({"masked"} if report.measured.kept != "optimized" else set())
+    assert set(report.measured.step_s) == timed
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
 

@@ -289,3 +289,24 @@ def test_the_fastest_passing_candidate_is_kept():
     verdict = choose_among(slow, "original", ["optimized", "masked"])
     assert verdict.kept == "original" and verdict.reason == "slower"
 
+
+
+def test_a_fallback_candidate_is_compiled_only_when_the_first_is_not_kept():
+    compiles = []
+
+    def compile_fallback():
+        compiles.append("masked")
+        return lambda x: x + 1  # as fast as the original: not kept
+
+    slow = lambda x: (time.sleep(0.02), x + 1)[1]  # noqa: E731
+    fast = lambda x: x + 1  # noqa: E731
+    original = lambda x: (time.sleep(0.01), x + 1)[1]  # noqa: E731
+    gm = torch.fx.symbolic_trace(fast)
+    kept = measure_and_choose({"original": original, "optimized": fast, "masked": Deferred(compile_fallback)},
+                              gm, [torch.ones(2)], training=False, budget_s=0.0)
+    assert kept.kept == "optimized" and not compiles and "masked" not in kept.step_s
+
+    fell = measure_and_choose({"original": original, "optimized": slow, "masked": Deferred(compile_fallback)},
+                              gm, [torch.ones(2)], training=False, budget_s=0.0)
+    assert compiles == ["masked"] and "masked" in fell.compile_s
+    assert fell.kept == "masked" and set(fell.step_s) == {"original", "optimized", "masked"}
