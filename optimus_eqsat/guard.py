@@ -35,7 +35,7 @@ import torch
 import torch.fx
 
 from .fxvocab import ALIASING_OPS, canonical_name
-from .translate import is_mutating
+from .translate import written_inputs
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -81,14 +81,43 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
     placeholders = {n: k for k, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     written = set()
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method", "call_module") or not is_mutating(gm, node):
+        if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        base = node.args[0] if node.args else None
-        while isinstance(base, torch.fx.Node) and base.op != "placeholder" and canonical_name(base) in ALIASING_OPS:
-            base = base.args[0] if base.args and isinstance(base.args[0], torch.fx.Node) else None
-        if isinstance(base, torch.fx.Node) and base in placeholders:
-            written.add(placeholders[base])
+        for base in written_inputs(gm, node):
+            while base.op != "placeholder" and canonical_name(base) in ALIASING_OPS:
+                base = base.args[0] if base.args and isinstance(base.args[0], torch.fx.Node) else None
+                if base is None:
+                    break
+            if base is not None and base in placeholders:
+                written.add(placeholders[base])
     return written
+
+
+# Inputs that do not require grad (buffers, data) are copied for the timing whatever the graph
+# says it writes, up to this many bytes in all: an op that writes an input without saying so
+# (a norm's running statistics were missed once) then writes a copy.
+COPY_INPUTS_BYTES = 256 << 20
+
+
+def timing_inputs(example_inputs: Sequence[Any], written: set[int]) -> list[Any]:
+    """The inputs the measurement runs on: copies of those the graph writes to (``written``)
+    and of every other input that does not require grad while they fit in
+    :data:`COPY_INPUTS_BYTES`; parameters (and inputs that require grad) as they are."""
+    budget = COPY_INPUTS_BYTES
+    inputs = []
+    for k, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.layout == torch.strided:
+            size = x.untyped_storage().nbytes()
+            if k in written or (not x.requires_grad and size <= budget):
+                budget -= 0 if k in written else size
+                x = x.detach().clone().requires_grad_(x.requires_grad)
+        inputs.append(x)
+    return inputs
+
+
+def _versions(inputs: Sequence[Any]) -> dict[int, int]:
+    """Version counters of the tensors in ``inputs`` (inference tensors keep none)."""
+    return {k: x._version for k, x in enumerate(inputs) if isinstance(x, torch.Tensor) and not x.is_inference()}
 
 
 def _sync(inputs: Sequence[Any]) -> None:
@@ -297,9 +326,8 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
     lazily: a training step's backward, where the post-grad pass runs); if
     ``rewritten(training)`` then says no pass changed the candidate, it is the baseline's
     own program: kept untimed, and a deferred baseline is never compiled."""
-    written = mutated_placeholders(gm)
-    inputs = [x.detach().clone().requires_grad_(x.requires_grad) if k in written and isinstance(x, torch.Tensor)
-              else x for k, x in enumerate(example_inputs)]
+    inputs = timing_inputs(example_inputs, mutated_placeholders(gm))
+    before = _versions(example_inputs)
     start = time.perf_counter()
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -325,6 +353,9 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+        changed = [k for k, v in _versions(example_inputs).items() if before[k] != v]
+        if changed:  # (a parameter written in place by an op no analysis knows)
+            log.warning("optimus_eqsat: timing the programs wrote to input(s) %s of the first call", changed)
     result.compile_s = compile_s
     result.timing_s = time.perf_counter() - start - sum(compile_s.values())
     return result

@@ -86,9 +86,52 @@ def inplace_position(target: Any) -> int | None:
     return params.index("inplace") if "inplace" in params else None
 
 
+# Functional norms that update their running statistics in place (in training mode, or
+# with input statistics): parameter names in call order, the flag, and its default.
+_RUNNING_STATS_OPS: dict[Any, tuple[tuple[str, ...], str, bool]] = {
+    F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training"), "training", False),
+    F.instance_norm: (("input", "running_mean", "running_var", "weight", "bias", "use_input_stats"),
+                      "use_input_stats", True),
+    torch.batch_norm: (("input", "weight", "bias", "running_mean", "running_var", "training"), "training", False),
+    torch.instance_norm: (("input", "weight", "bias", "running_mean", "running_var", "use_input_stats"),
+                          "use_input_stats", True),
+}
+
+
+def running_stats_written(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The running statistics a batch or instance norm updates (none in eval mode)."""
+    spec = _RUNNING_STATS_OPS.get(node.target) if node.op == "call_function" else None
+    if spec is None:
+        return []
+    names, flag, default = spec
+    args = {**dict(zip(names, node.args)), **node.kwargs}
+    if not args.get(flag, default):
+        return []
+    return [args[k] for k in ("running_mean", "running_var") if isinstance(args.get(k), torch.fx.Node)]
+
+
+def written_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The inputs this node writes to: a norm's running statistics, the mutable arguments of
+    an op whose schema says so, else the first argument of any other mutating node."""
+    stats = running_stats_written(node)
+    if stats or not is_mutating(gm, node):
+        return stats
+    if isinstance(node.target, torch._ops.OpOverload):
+        written = [node.args[k] if k < len(node.args) else node.kwargs.get(a.name)
+                   for k, a in enumerate(node.target._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write]
+        written = [w for w in written if isinstance(w, torch.fx.Node)]
+        if written:
+            return written
+    first = node.args[0] if node.args else None
+    return [first] if isinstance(first, torch.fx.Node) else []
+
+
 def is_mutating(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Does this node write to one of its inputs?"""
     if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
+        return True
+    if running_stats_written(node):
         return True
     target = node.target
     if node.op == "call_method":
@@ -127,10 +170,12 @@ def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tupl
 
     def aliasing(n: torch.fx.Node) -> bool:  # unknown ops may alias too
         name = canonical_name(n)
-        return n.op == "call_module" or name is None or name in ALIASING_OPS or n in mutating
+        # (a norm's output is new memory: only its running statistics are written)
+        return n.op == "call_module" or name is None or name in ALIASING_OPS \
+            or (n in mutating and not running_stats_written(n))
 
     tainted: set[torch.fx.Node] = set()
-    work = [n.args[0] for n in mutating if n.args and isinstance(n.args[0], torch.fx.Node)] + list(mutating)
+    work = [w for n in mutating for w in written_inputs(gm, n)] + [n for n in mutating if aliasing(n)]
     while work:
         n = work.pop()
         if n in tainted:

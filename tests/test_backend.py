@@ -36,6 +36,25 @@ def test_eval_and_training_step_match_eager():
     assert backend.reports and not backend.reports[-1].fell_back
 
 
+def test_measured_training_step_updates_batch_norm_statistics_once():
+    """The measured choice times steps on the first call: the running statistics it writes
+    are copies, so the user's buffers see that call's update alone, as in eager."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).train()
+    reference = copy.deepcopy(model)
+    backend = make_backend(measure_budget_s=0.05)
+    torch._dynamo.reset()
+    x = torch.randn(32, 8)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch.compile(model, backend=backend)(x).sum().backward()
+    reference(x).sum().backward()
+    assert backend.reports[-1].measured is not None and backend.reports[-1].measured.rounds > 0
+    for (name, a), b in zip(model.named_buffers(), reference.buffers()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
 def test_backend_compiles_through_inductor():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     x = torch.randn(4, 8)

@@ -122,6 +122,33 @@ def test_inputs_the_graph_writes_to_are_found_and_cloned():
     assert torch.equal(a, torch.zeros(3))
 
 
+def test_a_batch_norms_running_statistics_are_written_inputs():
+    import torch.nn.functional as F
+
+    def norm(x, mean, var, training: bool):
+        return F.batch_norm(x, mean, var, training=training)
+
+    train = torch.fx.symbolic_trace(lambda x, mean, var: norm(x, mean, var, True))
+    evaluate = torch.fx.symbolic_trace(lambda x, mean, var: norm(x, mean, var, False))
+    assert mutated_placeholders(train) == {1, 2} and mutated_placeholders(evaluate) == set()
+    x, mean, var = torch.randn(8, 3), torch.zeros(3), torch.ones(3)
+    measure_and_choose({"original": train, "optimized": train}, train, [x, mean, var], training=False, budget_s=0.01)
+    assert torch.equal(mean, torch.zeros(3)) and torch.equal(var, torch.ones(3))
+
+
+def test_inputs_without_grad_are_copied_even_when_the_graph_hides_the_write():
+    """A program that writes a buffer no analysis sees (an unknown op) writes a copy."""
+    gm = torch.fx.symbolic_trace(lambda x, buffer: x + buffer)
+    sneaky = lambda x, buffer: x + buffer.add_(1)  # noqa: E731
+    x, buffer = torch.randn(3), torch.zeros(3)
+    measure_and_choose({"original": gm, "optimized": sneaky}, gm, [x, buffer], training=False, budget_s=0.01)
+    assert torch.equal(buffer, torch.zeros(3))
+    weight = torch.zeros(3, requires_grad=True)  # parameters are not copied: the write is reported
+    with torch.no_grad():
+        measure_and_choose({"original": gm, "optimized": sneaky}, gm, [x, weight], training=False, budget_s=0.01)
+    assert weight.sum().item() > 0
+
+
 def test_training_step_differentiates_every_input_that_requires_grad():
     w = torch.randn(4, 4, requires_grad=True)
     seen = []
