@@ -14,8 +14,10 @@ what the step allocates. Otherwise the original is kept.
 
 A step is what the user pays: the forward in inference, forward and backward
 in training. The user's state is left alone: gradients are returned by
-``torch.autograd.grad`` (nothing accumulates into ``.grad``), inputs the graph
-writes to are cloned, and the RNG state is restored after timing.
+``torch.autograd.grad`` (nothing accumulates into ``.grad``), the programs run on
+copies of the inputs the graph writes to and of every input without grad (buffers
+such as a batch norm's running statistics, and data; :func:`timing_inputs`), and the
+RNG state is restored after timing.
 
 In the ``torch.compile`` backend the measurement happens on the first call of
 the compiled program (:class:`FirstCallChoice`), on that call's inputs: running
