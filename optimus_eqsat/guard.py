@@ -37,6 +37,7 @@ import torch
 import torch.fx
 
 from .fxvocab import ALIASING_OPS, canonical_name
+from .fxvocab.meta import copied_inputs, input_versions, warn_if_written
 from .translate import written_inputs
 
 log = logging.getLogger("optimus_eqsat")
@@ -105,21 +106,7 @@ def timing_inputs(example_inputs: Sequence[Any], written: set[int]) -> list[Any]
     """The inputs the measurement runs on: copies of those the graph writes to (``written``)
     and of every other input that does not require grad while they fit in
     :data:`COPY_INPUTS_BYTES`; parameters (and inputs that require grad) as they are."""
-    budget = COPY_INPUTS_BYTES
-    inputs = []
-    for k, x in enumerate(example_inputs):
-        if isinstance(x, torch.Tensor) and x.layout == torch.strided:
-            size = x.untyped_storage().nbytes()
-            if k in written or (not x.requires_grad and size <= budget):
-                budget -= 0 if k in written else size
-                x = x.detach().clone().requires_grad_(x.requires_grad)
-        inputs.append(x)
-    return inputs
-
-
-def _versions(inputs: Sequence[Any]) -> dict[int, int]:
-    """Version counters of the tensors in ``inputs`` (inference tensors keep none)."""
-    return {k: x._version for k, x in enumerate(inputs) if isinstance(x, torch.Tensor) and not x.is_inference()}
+    return copied_inputs(example_inputs, COPY_INPUTS_BYTES, must=written, may=lambda x: not x.requires_grad)
 
 
 def _sync(inputs: Sequence[Any]) -> None:
@@ -329,7 +316,7 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
     ``rewritten(training)`` then says no pass changed the candidate, it is the baseline's
     own program: kept untimed, and a deferred baseline is never compiled."""
     inputs = timing_inputs(example_inputs, mutated_placeholders(gm))
-    before = _versions(example_inputs)
+    before = input_versions(example_inputs)
     start = time.perf_counter()
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -355,9 +342,7 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-        changed = [k for k, v in _versions(example_inputs).items() if before[k] != v]
-        if changed:  # (a parameter written in place by an op no analysis knows)
-            log.warning("optimus_eqsat: timing the programs wrote to input(s) %s of the first call", changed)
+        warn_if_written(example_inputs, before, "timing the programs")  # (an op no analysis knows)
     result.compile_s = compile_s
     result.timing_s = time.perf_counter() - start - sum(compile_s.values())
     return result

@@ -251,3 +251,26 @@ def test_run_loads_the_rulesets_it_is_given():
     given = OptimizationRun(gm, x, options, rulesets=[])  # only the shape analysis is left
     given.saturate()
     assert not splitcat_rules & set(given.report.rules_fired)
+
+
+def test_the_run_for_shapes_leaves_the_callers_buffers_alone():
+    """Without shape meta the graph is run once on the example inputs: a batch norm in
+    training then writes running statistics, which must stay the caller's own (seen:
+    efficientnet_b0's Dynamo graph, five runs, num_batches_tracked 0 -> 5)."""
+    import copy
+
+    from optimus_eqsat.inductor_count import capture_dynamo_graph
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU()).train()
+    reference = copy.deepcopy(model)
+    x = torch.randn(16, 4)
+    optimize_graph(torch.fx.symbolic_trace(model), (x,))  # the module's own buffers
+    for a, b in zip(model.buffers(), reference.buffers()):
+        assert torch.equal(a, b)
+    gm, example = capture_dynamo_graph(model, (x,))  # buffers as inputs
+    for node in gm.graph.nodes:
+        node.meta.pop("example_value", None)
+    before = [t.clone() for t in example]
+    optimize_graph(gm, example)
+    for a, b in zip(example, before):
+        assert torch.equal(a, b)

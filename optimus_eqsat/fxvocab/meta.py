@@ -9,6 +9,9 @@ missing, :func:`node_values` runs the example inputs through the graph once.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,6 +20,8 @@ import torch.fx
 from torch.fx.node import map_aggregate
 
 from .symbolic import concrete_inputs, size_hint
+
+log = logging.getLogger("optimus_eqsat")
 
 # meta key under which optimus_eqsat's rebuild leaves a TensorInfo known from the
 # e-graph's shape analysis: cheap shapes for candidate programs, no fake tensors.
@@ -172,23 +177,76 @@ class _Recorder(torch.fx.Interpreter):
         return out
 
 
+def copied_inputs(inputs: Sequence[Any], budget_bytes: int, must: Collection[int] = (),
+                  may: Callable[[torch.Tensor], bool] = lambda x: True) -> list[Any]:
+    """``inputs`` with copies of the tensors a run of ours must not write to: those at
+    positions ``must``, and those ``may`` accepts while their bytes fit in ``budget_bytes``
+    (in order). A graph can write to its inputs (a batch norm's running statistics, a
+    counter a model bumps): a run for shapes or for timing must leave the caller's alone."""
+    out = []
+    for k, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.layout == torch.strided:
+            size = x.untyped_storage().nbytes()
+            if k in must or (may(x) and size <= budget_bytes):
+                budget_bytes -= 0 if k in must else size
+                x = x.detach().clone().requires_grad_(x.requires_grad)
+        out.append(x)
+    return out
+
+
+def input_versions(inputs: Sequence[Any]) -> dict[int, int]:
+    """Version counters of the tensors in ``inputs`` (inference tensors keep none): compare
+    them after a run to see which it wrote to."""
+    return {k: x._version for k, x in enumerate(inputs) if isinstance(x, torch.Tensor) and not x.is_inference()}
+
+
+def warn_if_written(inputs: Sequence[Any], before: dict[int, int], what: str) -> None:
+    """Log a warning naming the inputs whose version moved since ``before``."""
+    changed = [k for k, v in input_versions(inputs).items() if before.get(k, v) != v]
+    if changed:
+        log.warning("optimus_eqsat: %s wrote to input(s) %s, which it ran on as they are", what, changed)
+
+
+# A run for shapes works on copies of the inputs up to this many bytes in all.
+RUN_COPY_BYTES = 256 << 20
+
+
 def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dict[torch.fx.Node, Any]:
     """Meta tensors per node from one run on example inputs: a tensor's own, or the
     structure (tuple, list, dict) of a result that holds tensors; nodes that hold no
-    tensor (sizes, scalars) are absent.
+    tensor (sizes, scalars) are absent. The run works on copies of the inputs
+    (:func:`copied_inputs`, up to :data:`RUN_COPY_BYTES`): a graph that writes to its
+    inputs (a batch norm in training) leaves the caller's untouched.
 
     Raises :class:`ExampleInputError` naming the node where the run failed: inputs that
     do not run through the graph are a caller's mistake, not a graph to optimize blind."""
     recorder = _Recorder(gm)
     example_inputs = concrete_inputs(example_inputs)  # a SymInt input runs at its hint
+    before = input_versions(example_inputs)
+    # a module's own buffers (a traced BatchNorm module's statistics) are put back after
+    buffers = copied_inputs([b for _, b in gm.named_buffers()], RUN_COPY_BYTES)
     try:
-        with torch.no_grad():
-            recorder.run(*example_inputs)
+        with torch.no_grad(), _restoring(gm, buffers):
+            recorder.run(*copied_inputs(example_inputs, RUN_COPY_BYTES))
     except Exception as exc:
         failed = recorder.current.name if recorder.current is not None else "?"
         raise ExampleInputError(f"the example inputs ({', '.join(_describe(v) for v in example_inputs)}) "
                                 f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}") from exc
+    warn_if_written(example_inputs, before, "the run for shapes")
     return recorder.seen
+
+
+@contextlib.contextmanager
+def _restoring(gm: torch.fx.GraphModule, saved: list[Any]) -> Any:
+    """Put ``gm``'s buffers back to ``saved`` (copies; a buffer too large to copy is its own
+    entry and stays as the run left it). Unconditionally: a batch norm's kernel updates its
+    running statistics without moving their version counters."""
+    try:
+        yield
+    finally:
+        for (_, buffer), copy in zip(gm.named_buffers(), saved):
+            if copy is not buffer:
+                buffer.copy_(copy)
 
 
 def _describe(value: Any) -> str:
