@@ -71,7 +71,7 @@ class GuardResult:
 
     def summary(self) -> str:
         if not self.rounds:
-            return f"not timed: kept {self.kept} ({self.reason})"
+            return f"not timed: {self.reason}"
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
         memory = (" peak " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.peak_bytes.items())
                   + f" above {self.resident_bytes / 2**20:.2f} MiB of inputs" if self.peak_bytes else "")
@@ -327,7 +327,7 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
             if not rewritten(training):
                 # (no timing_s: that step was mostly the backward's compile, which any compile pays)
                 return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
-                                   reason="no pass rewrote the graph: the original program, compiled once")
+                                   reason="no pass rewrote the graph, so the program is the original, compiled once")
         rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s)
         result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
         fallbacks = [name for name in programs if name not in (baseline, candidate)]
