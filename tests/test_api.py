@@ -274,3 +274,11 @@ def test_the_run_for_shapes_leaves_the_callers_buffers_alone():
     optimize_graph(gm, example)
     for a, b in zip(example, before):
         assert torch.equal(a, b)
+
+
+def test_the_run_for_shapes_leaves_the_rng_alone():
+    gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) + 1)
+    x = torch.randn(4, 4)
+    before = torch.get_rng_state()
+    optimize_graph(gm, (x,))
+    assert torch.equal(torch.get_rng_state(), before)
