@@ -127,8 +127,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites, and the in-place reuse our
             # programs go without (INDUCTOR_PATCHES), can cost memory the masks do not
             # (transformer training at 256: 16% more peak memory, the masks alone 5% less).
+            # Without a rewrite of ours besides the masks, our program is that one: not compiled twice.
             extra = {"masked": Deferred(lambda: compile_fx(copy_module(original), example_inputs,
-                                                           config_patches=mask_patches()))} \
+                                                           config_patches=mask_patches()),
+                                        wanted=lambda: pre_changed or (post_grad and _post_grad_rewrote(mine, True)))} \
                 if any(masks) and not _symbolic(example_inputs) else {}
             compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten,
                                  memory_slack, extra)

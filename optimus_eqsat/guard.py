@@ -242,10 +242,13 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
 
 
 class Deferred:
-    """A program compiled only when a measurement needs it (``compile_s`` says how long it took)."""
+    """A program compiled only when a measurement needs it (``compile_s`` says how long it took).
+    ``wanted`` (optional) tells, when it would be compiled as a fallback, whether it can differ
+    from the programs already timed."""
 
-    def __init__(self, compile: Callable[[], Program]):
+    def __init__(self, compile: Callable[[], Program], wanted: Callable[[], bool] | None = None):
         self._compile, self.compile_s = compile, 0.0
+        self.wanted = wanted or (lambda: True)
 
     def __call__(self) -> Program:
         start = time.perf_counter()
@@ -330,7 +333,8 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
                                    reason="no pass rewrote the graph, so the program is the original, compiled once")
         rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s)
         result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
-        fallbacks = [name for name in programs if name not in (baseline, candidate)]
+        fallbacks = [name for name, p in programs.items() if name not in (baseline, candidate)
+                     and (not isinstance(p, Deferred) or p.wanted())]
         if result.kept == baseline and fallbacks:
             more, more_peaks = _time_programs(programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s)
             second = choose_among(more, baseline, fallbacks, margin, more_peaks, resident_bytes(inputs), memory_slack)

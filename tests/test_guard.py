@@ -337,3 +337,7 @@ def test_a_fallback_candidate_is_compiled_only_when_the_first_is_not_kept():
                               gm, [torch.ones(2)], training=False, budget_s=0.0)
     assert compiles == ["masked"] and "masked" in fell.compile_s
     assert fell.kept == "masked" and set(fell.step_s) == {"original", "optimized", "masked"}
+    same = measure_and_choose({"original": original, "optimized": slow,  # (it would be our program again)
+                               "masked": Deferred(compile_fallback, wanted=lambda: False)},
+                              gm, [torch.ones(2)], training=False, budget_s=0.0)
+    assert compiles == ["masked"] and same.kept == "original" and "masked" not in same.step_s
