@@ -56,7 +56,7 @@ class IlpExtractor:
     this many seconds, stop once the gap between the best program known (the
     solver's or greedy's) and the bound is still above ``give_up_gap``: a proof
     is then out of reach in the time left; once the solver has found nothing
-    cheaper than greedy by 0.5% (the search earns its time by what it finds);
+    cheaper than greedy by 1% (``FIND_MOVE``: the search earns its time by what it finds);
     or once neither moved by 0.5% of the greedy cost in the last
     ``give_up_after_s`` seconds (:class:`_Stall`). Without highspy (no callback
     to watch the gap) the time limit itself is cut to ``give_up_after_s``.
