@@ -5,10 +5,12 @@ of torch-rechub and deepctr-torch (whichever is installed: ``pip install
 torch-rechub deepctr-torch``; neither is a dependency of this project), small
 configurations with random inputs:
 
-- ``--check``: outputs and gradients (training) of the optimized program, without
-  the measured choice so the optimizer's own program runs, against eager; a
-  gradient counts as wrong past ``1e-4`` of the largest gradient of the model (batch
-  norm makes the bias gradients before it float noise around zero);
+- ``--check``: outputs, gradients (training) and floating buffers after the step of
+  the optimized program, without the measured choice so the optimizer's own program
+  runs, and of the default backend (``measured_*``: the choice times steps on the first
+  call and must leave the running statistics alone), against eager; a gradient counts
+  as wrong past ``1e-4`` of the largest gradient of the model (batch norm makes the
+  bias gradients before it float noise around zero);
 - ``--time``: step time of the default backend (measured choice on) against
   Inductor default's, in interleaved rounds (:mod:`benchmarks.rounds`).
 
@@ -107,16 +109,18 @@ def _loss(out: Any) -> torch.Tensor:
     return sum(o.float().sum() for o in flat_outputs(out))
 
 
-def check(build: Callable[[int], Case], batch: int, training: bool) -> dict[str, Any]:
-    """The optimizer's program (no measured choice) against eager: largest output error and
-    largest gradient error relative to the model's largest gradient."""
+def check(build: Callable[[int], Case], batch: int, training: bool, measure: bool = False) -> dict[str, Any]:
+    """The optimizer's program (``measure=False``: no measured choice) or the default backend
+    against eager: largest output error, largest gradient error relative to the model's largest
+    gradient, and largest error of a floating buffer after the step (a batch norm's running
+    statistics: the measured choice times steps on the first call, and must leave them alone)."""
     from optimus_eqsat.backend import make_backend
 
     torch.manual_seed(0)
     model, inputs = build(batch)
     model.train(training)
     ours = copy.deepcopy(model)
-    backend = make_backend(measure=False)
+    backend = make_backend(measure=measure)
     torch._dynamo.reset()
     with torch.set_grad_enabled(training):
         want = model(*inputs)
@@ -132,6 +136,8 @@ def check(build: Callable[[int], Case], batch: int, training: bool) -> dict[str,
                 row["grad_err"] = float("inf")
             elif p.grad is not None:
                 row["grad_err"] = max(row["grad_err"], (p.grad - q.grad).abs().max().item() / scale)
+    row["buffer_err"] = max([(a - b).abs().max().item() for a, b in zip(model.buffers(), ours.buffers())
+                             if a.is_floating_point() and a.numel()], default=0.0)
     return row
 
 
@@ -186,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     if args.check:
                         row.update(check(cases[name], batch, mode == "training"))
+                        measured = check(cases[name], batch, mode == "training", measure=True)
+                        row.update({f"measured_{k}": v for k, v in measured.items() if k != "fallback"})
                     if args.time:
                         row.update(time_step(cases[name], batch, mode == "training", plan, args.clock))
                 except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
