@@ -282,3 +282,23 @@ def test_the_run_for_shapes_leaves_the_rng_alone():
     before = torch.get_rng_state()
     optimize_graph(gm, (x,))
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_training_batch_norm_is_ordered_and_leaves_its_input_free():
+    """A batch norm in training writes its running statistics, not its input: it stays ordered
+    and opaque, and the linear feeding it is still a term the rules can batch."""
+    import torch.nn.functional as F
+
+    from optimus_eqsat.translate import running_stats_written, translate
+
+    def model(x, w, mean, var):
+        return F.batch_norm(F.linear(x, w), mean, var, training=True).relu()
+
+    gm = torch.fx.symbolic_trace(model)
+    inputs = (torch.randn(8, 4), torch.randn(6, 4), torch.zeros(6), torch.ones(6))
+    t = translate(gm, inputs)
+    by_name = {n.name: i for i, n in enumerate(t.nodes)}
+    norm = next(n for n in t.nodes if n.name.startswith("batch_norm"))
+    assert [a.name for a in running_stats_written(norm)] == ["mean", "var"]
+    assert t.status[by_name[norm.name]] == "opaque" and by_name[norm.name] in t.ordered
+    assert t.status[by_name["linear"]] == "term"
