@@ -105,8 +105,13 @@ COPY_INPUTS_BYTES = 256 << 20
 def timing_inputs(example_inputs: Sequence[Any], written: set[int]) -> list[Any]:
     """The inputs the measurement runs on: copies of those the graph writes to (``written``)
     and of every other input that does not require grad while they fit in
-    :data:`COPY_INPUTS_BYTES`; parameters (and inputs that require grad) as they are."""
-    return copied_inputs(example_inputs, COPY_INPUTS_BYTES, must=written, may=lambda x: not x.requires_grad)
+    :data:`COPY_INPUTS_BYTES` (on a GPU also within an eighth of its free memory);
+    parameters (and inputs that require grad) as they are."""
+    budget = COPY_INPUTS_BYTES
+    device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda), None)
+    if device is not None:
+        budget = min(budget, torch.cuda.mem_get_info(device)[0] // 8)
+    return copied_inputs(example_inputs, budget, must=written, may=lambda x: not x.requires_grad)
 
 
 def _sync(inputs: Sequence[Any]) -> None:
