@@ -120,17 +120,20 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if measure:
             # Unless the pre-grad pass changed the graph, the candidate is the original graph
             # itself until a post-grad pass rewrites it (the backward's runs on the first call).
+            def post_rewrote(training: bool) -> bool:
+                return post_grad and _post_grad_rewrote(mine, training)
+
             rewritten = None if pre_changed else (
-                lambda training: (recompute_masks and _masks_recomputed(masks, training))
-                or (post_grad and _post_grad_rewrote(mine, training)))
+                lambda training: (recompute_masks and _masks_recomputed(masks, training)) or post_rewrote(training))
             # Masks recomputed: the original graph with the masks alone, compiled with Inductor's
-            # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites, and the in-place reuse our
-            # programs go without (INDUCTOR_PATCHES), can cost memory the masks do not
-            # (transformer training at 256: 16% more peak memory, the masks alone 5% less).
-            # Without a rewrite of ours besides the masks, our program is that one: not compiled twice.
+            # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites,
+            # and the in-place reuse our programs go without (INDUCTOR_PATCHES), can cost memory
+            # the masks do not (transformer training at 256: 16% more peak memory, the masks
+            # alone 5% less). Without a rewrite of ours besides the masks, our program is that
+            # one: not compiled twice.
             extra = {"masked": Deferred(lambda: compile_fx(copy_module(original), example_inputs,
                                                            config_patches=mask_patches()),
-                                        wanted=lambda: pre_changed or (post_grad and _post_grad_rewrote(mine, True)))} \
+                                        wanted=lambda: pre_changed or post_rewrote(True))} \
                 if any(masks) and not _symbolic(example_inputs) else {}
             compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten,
                                  memory_slack, extra)

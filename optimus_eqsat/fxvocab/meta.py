@@ -225,9 +225,9 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     before = input_versions(example_inputs)
     # a module's own buffers (a traced BatchNorm module's statistics) are put back after
     buffers = copied_inputs([b for _, b in gm.named_buffers()], RUN_COPY_BYTES)
+    # (and the caller's RNG state: a dropout in the graph draws from it)
+    devices = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
     try:
-        devices = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
-        # (and the caller's RNG state: a dropout in the graph draws from it)
         with torch.no_grad(), _restoring(gm, buffers), torch.random.fork_rng(devices=devices):
             recorder.run(*copied_inputs(example_inputs, RUN_COPY_BYTES))
     except Exception as exc:

@@ -18,7 +18,8 @@ more bytes than before and the backward's fused kernel recomputes the mask from 
 it reads anyway. A mask of a piece of a concatenation the backward reads (the
 experts' outputs stacked for a gate) is recomputed from that slice of the
 concatenation; the backward then holds the concatenation longer, which can raise its
-peak (mmoe training at batch 2048: 1.18x), so the measured choice's memory rule decides. Masks of anything else (a dropout's random numbers, say) stay saved:
+peak (mmoe training at batch 2048: 1.18x), so the measured choice's memory rule
+decides. Masks of anything else (a dropout's random numbers, say) stay saved:
 recomputing those would save four bytes where one was.
 
 Only graphs on the CPU are touched; Triton stores bool tensors at full speed. The
