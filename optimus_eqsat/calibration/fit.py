@@ -6,8 +6,11 @@ Least squares on the per-program medians gives the costs, weighted by 1/median
 (timing noise is relative: a preempted 200 us program is off by more
 microseconds than a 20 us one, and should not outvote it); the same regression
 on each round's times gives per-round estimates whose interquartile range is
-the reported spread. A negative cost means the programs did not separate the
-columns (or the machine was too noisy): the fit is refused
+the reported spread. A cost that comes out negative but within its spread is
+zero within the noise (on a CPU a generated kernel is a plain function call,
+a fraction of a microsecond): the fit is redone with every cost held
+non-negative. A cost negative beyond its spread means the programs did not
+separate the columns (or the machine was too noisy): the fit is refused
 (:class:`NonsenseFitError`; a caller may time again).
 """
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy.optimize import nnls
 
 from .programs import CalibrationError, Counts
 from .timing import iqr
@@ -33,7 +37,7 @@ COUNT_COLUMNS = {
 
 
 class NonsenseFitError(CalibrationError):
-    """The fit gave a negative per-call cost."""
+    """The fit gave a per-call cost negative beyond its per-round spread."""
 
 
 @dataclass(frozen=True)
@@ -71,18 +75,20 @@ def fit_host_costs(counts: Sequence[Counts], times: np.ndarray, field_prefix: st
     coef, *_ = np.linalg.lstsq(weighted, medians * weights, rcond=None)
     per_round = np.array([np.linalg.lstsq(weighted, row * weights, rcond=None)[0] for row in times])
     names = [f"{field_prefix}call_s", *(field_prefix + COUNT_COLUMNS[col] for col in columns)]
+    spread = iqr(per_round)
+    significant = {name: cost for name, cost, width in zip(names, coef, spread) if cost < 0 and -cost > width}
+    if significant:
+        raise NonsenseFitError(
+            "nonsense fit, negative per-call costs: "
+            + ", ".join(f"{name} = {cost * 1e6:.3g} us" for name, cost in significant.items())
+            + " (beyond their per-round spread); the machine may be too noisy: rerun")
+    if (coef < 0).any():  # zero within the noise: the best fit with every cost >= 0
+        coef, _ = nnls(weighted, medians * weights)
     residual = design @ coef - medians
-    fit = HostFit(
+    return HostFit(
         costs=dict(zip(names, map(float, coef))),
-        spread=dict(zip(names, map(float, iqr(per_round)))),
+        spread=dict(zip(names, map(float, spread))),
         residual_rms_s=float(np.sqrt(np.mean(residual**2))),
         residual_rel=float(np.sqrt(np.mean((residual / medians) ** 2))),
         columns=columns,
     )
-    negative = {name: cost for name, cost in fit.costs.items() if cost < 0}
-    if negative:
-        raise NonsenseFitError(
-            "nonsense fit, negative per-call costs: "
-            + ", ".join(f"{name} = {cost * 1e6:.3g} us" for name, cost in negative.items())
-            + f" (residual rms {fit.residual_rms_s * 1e6:.3g} us); the machine may be too noisy: rerun")
-    return fit
