@@ -630,8 +630,10 @@ def test_ilp_search_stops_when_it_finds_nothing_beyond_greedy():
     from extract.ilp import _GiveUp
 
     idle = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
-    assert not idle(0.5, float("inf"), 90.0)  # too early
-    assert idle(1.2, float("inf"), 90.0) and idle.reason == "nothing found beyond greedy"
+    assert not idle(0.4, float("inf"), 90.0)  # too early
+    assert idle(0.6, float("inf"), 90.0) and idle.reason == "nothing found beyond greedy"  # past half
+    early = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
+    assert not early(0.6, 97.0, 10.0)  # found 3%: the gap is judged only at 1.0
 
     finding = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
     assert not finding(1.2, 97.0, 90.0)  # 3% below greedy: the search is paying
