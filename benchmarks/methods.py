@@ -13,9 +13,10 @@ CUDA only (:data:`CUDA_METHODS`):
 - ``inductor_cudagraphs``: ``torch.compile(mode="reduce-overhead")``, i.e. the
   very Inductor wrapper that mode builds (``triton.cudagraphs=True``, CUDA graph trees).
 - ``optimus_eqsat_cudagraphs``: the optimus_eqsat backend with the same mode
-  options patched around its compile: a custom backend cannot take ``mode=``,
-  but the ``compile_fx`` it calls reads ``triton.cudagraphs`` when it compiles
-  and wraps the result in CUDA graph trees.
+  options patched around its compile and steps (what
+  ``torch.compile(model, backend="optimus_eqsat", mode="reduce-overhead")`` does):
+  the ``compile_fx`` it calls reads ``triton.cudagraphs`` when it compiles and
+  wraps the result in CUDA graph trees.
 - ``inductor_combo``: Inductor with ``combo_kernels=True`` (horizontal fusion of
   independent kernels into one launch), a baseline that also cuts launches.
 

@@ -59,6 +59,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       (a ReLU's) are recomputed there from tensors it reads anyway instead of being saved:
       Inductor's C++ kernels write bool tensors slowly (:mod:`optimus_eqsat.postgrad.bool_masks`,
       Inductor's ``joint_custom_post_pass``, patched around our compile only);
+    - ``inductor_config`` (default none): Inductor config patches (``{"max_autotune": True}``)
+      for every program the backend compiles, and around the optimizer (which reads
+      ``freezing``); ``torch.compile(..., backend="optimus_eqsat", mode=..., options=...)``
+      fills it from the mode and from options that name Inductor configs;
     - ``cache_parameters=True``: in inference, work on parameters alone (the stacks of
       batched weights) runs once and again only when a parameter changes, not every
       step: the parameters move into the stacks' storage (values unchanged), so the stacks
@@ -66,6 +70,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       it so). ``report.parameter_packs`` counts those stacks.
     """
     use_inductor = options.pop("inductor", True)
+    inductor_config = _inductor_config(options.pop("inductor_config", None) or {})
     measure = options.pop("measure", True)
     budget_s = options.pop("measure_budget_s", 1.0)
     memory_slack = _memory_slack(options.pop("memory_slack", MEMORY_SLACK))
@@ -84,6 +89,14 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     post_reports: list[tuple[str, OptimizeReport]] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        if not inductor_config:
+            return compile_with_us(gm, example_inputs)
+        from torch._inductor import config
+
+        with config.patch(inductor_config):
+            return compile_with_us(gm, example_inputs)
+
+    def compile_with_us(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
         original = copy_module(gm)
         optimized, report = gm, None
@@ -97,6 +110,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             return optimized
         from torch._inductor.compile_fx import compile_fx
 
+        # (a compile the first call runs, after this patch is gone, gets the config too)
+        compile_fx = _with_config(compile_fx, inductor_config)
         pre_changed = report is not None and not report.fell_back and report.changed
         if not pre_changed and not post_grad and not recompute_masks:
             _log_report(report)
@@ -305,9 +320,71 @@ def _log_report(report: OptimizeReport | None) -> None:
         log.info("optimus_eqsat backend:\n%s", report.summary())
 
 
-def optimus_eqsat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """The default backend (entry point ``optimus_eqsat``)."""
-    return _DEFAULT(gm, example_inputs)
+def _inductor_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` checked when the backend is made: every key an Inductor config."""
+    from torch._inductor import config as inductor
+
+    unknown = sorted(set(config) - set(inductor.get_config_copy()))
+    if unknown:
+        raise ValueError(f"inductor_config: not Inductor configs: {unknown}")
+    return dict(config)
+
+
+def _with_config(compile_fx: Callable, config: dict[str, Any]) -> Callable:
+    """``compile_fx`` with ``config`` under its own ``config_patches`` (ours win: they keep
+    our programs correct)."""
+    if not config:
+        return compile_fx
+
+    def compile_with_config(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                            config_patches: dict[str, Any] | None = None, **kwargs: Any) -> Callable:
+        return compile_fx(gm, example_inputs, config_patches={**config, **(config_patches or {})}, **kwargs)
+
+    return compile_with_config
+
+
+def backend_options(mode: str | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`make_backend`'s options for ``torch.compile(mode=mode, options=options)``: the
+    mode's Inductor configs (``"reduce-overhead"``: CUDA graphs), and each option that is
+    not one of ours but names an Inductor config goes to ``inductor_config``."""
+    from dataclasses import fields
+
+    from torch._inductor import config as inductor, list_mode_options
+
+    ours = {f.name for f in fields(OptimizeOptions)} | set(BACKEND_OPTIONS)
+    result: dict[str, Any] = {}
+    config = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
+    inductor_names = set(inductor.get_config_copy())
+    for name, value in (options or {}).items():
+        if name in ours:
+            result[name] = value
+        elif name in inductor_names:
+            config[name] = value
+        else:
+            raise ValueError(f"optimus_eqsat backend: unknown option {name!r}: neither an optimize_graph or "
+                             f"backend option ({sorted(ours)}) nor an Inductor config")
+    if config:
+        result["inductor_config"] = {**config, **result.get("inductor_config", {})}
+    return result
+
+
+# make_backend's own options (besides optimize_graph's).
+BACKEND_OPTIONS = ("inductor", "inductor_config", "measure", "measure_budget_s", "memory_slack", "pre_grad",
+                   "post_grad", "recompute_masks", "cache_parameters")
+
+_MADE: dict[str, Callable] = {}  # backends for torch.compile's (mode, options), by their repr
+
+
+def optimus_eqsat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+                          options: dict[str, Any] | None = None) -> Callable:
+    """The default backend (entry point ``optimus_eqsat``). ``torch.compile`` passes its
+    ``mode`` (when not "default") and ``options`` here: see :func:`backend_options`."""
+    if (mode in (None, "default")) and not options:
+        return _DEFAULT(gm, example_inputs)
+    key = repr((mode, sorted((options or {}).items())))
+    if key not in _MADE:
+        _MADE[key] = make_backend(**backend_options(mode, options))
+    return _MADE[key](gm, example_inputs)
 
 
 _DEFAULT = make_backend()

@@ -63,6 +63,50 @@ def test_backend_compiles_through_inductor():
     torch.testing.assert_close(compiled(x), model(x))
 
 
+def test_torch_compile_mode_and_options_reach_the_backend(monkeypatch):
+    """``torch.compile(backend="optimus_eqsat", mode=..., options=...)``: our options go to
+    make_backend, Inductor configs and the mode's reach every compile_fx call."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from optimus_eqsat import backend as backend_module
+
+    seen: list[dict] = []
+    real = compile_fx_module.compile_fx
+
+    def recording(gm, example_inputs, config_patches=None, **kwargs):
+        # (compile_fx calls itself again under its patches: the config in force counts)
+        seen.append({key: (config_patches or {}).get(key, torch._inductor.config.get_config_copy()[key])
+                     for key in ("cpp.simdlen", "max_autotune")})
+        return real(gm, example_inputs, config_patches=config_patches, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", recording)
+    monkeypatch.setattr(backend_module, "_MADE", {})
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="optimus_eqsat",
+                             options={"measure": False, "extractor": "greedy", "cpp.simdlen": 0})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert seen and all(p.get("cpp.simdlen") == 0 for p in seen)
+    (made,) = backend_module._MADE.values()
+    assert made.reports and made.reports[-1].extractor.startswith("greedy")
+
+    seen.clear()
+    torch._dynamo.reset()  # (torch.compile takes a mode or options, not both)
+    compiled = torch.compile(model, backend="optimus_eqsat", mode="max-autotune-no-cudagraphs")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert seen and all(p.get("max_autotune") is True for p in seen)
+
+    assert backend_module.backend_options("reduce-overhead", {"freezing": True, "measure": False}) == {
+        "measure": False, "inductor_config": {"triton.cudagraphs": True, "freezing": True}}
+    with pytest.raises(ValueError, match="unknown option 'bogus'"):
+        backend_module.backend_options(None, {"bogus": 1})
+    with pytest.raises(ValueError, match="not Inductor configs"):
+        make_backend(inductor_config={"bogus": 1})
+
+
 def test_inductor_failure_on_the_optimized_graph_falls_back_to_the_original(monkeypatch, caplog):
     import torch._inductor.compile_fx as cfx
 
