@@ -40,7 +40,7 @@ from .fx_graphs import copy_module
 from .fxvocab import ALIASING_OPS, canonical_name
 from .fxvocab.meta import _META_KEYS, meta_value
 from .normalize import HANDLERS, MODULE_OPS
-from .translate import inplace_position, is_mutating
+from .fxvocab.mutation import inplace_position, is_mutating
 
 _SIGNATURE = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}

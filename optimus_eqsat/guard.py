@@ -38,7 +38,7 @@ import torch.fx
 
 from .fxvocab import ALIASING_OPS, canonical_name
 from .fxvocab.meta import copied_inputs, input_versions, warn_if_written
-from .translate import written_inputs
+from .fxvocab.mutation import written_inputs
 
 log = logging.getLogger("optimus_eqsat")
 

@@ -15,24 +15,49 @@ and unknown ops are ordered too, so side effects keep their order.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 
 from . import normalize
-from .fxvocab import ALIASING_OPS, RANDOM_OPS, canonical_name, node_values
-from .fxvocab import ExampleInputError, check_example_inputs, record_shapes  # noqa: F401  (re-exported)
+from .fxvocab import (  # noqa: F401  (re-exported)
+    ALIASING_OPS,
+    RANDOM_OPS,
+    ExampleInputError,
+    canonical_name,
+    check_example_inputs,
+    node_values,
+    record_shapes,
+)
+from .fxvocab.mutation import (  # noqa: F401
+    inplace_position,
+    is_mutating,
+    running_stats_written,
+    written_inputs,
+)
 from .fxvocab.symbolic import SymbolicSizes
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
 from .opspec import OpRegistry, OpSpec, Slot
+from .term import (
+    Fact,
+    Id,
+    KnownShape,
+    Leaf,
+    ListTerm,
+    Op1,
+    Op2,
+    Op3,
+    Reshape,
+    Scalar,
+    Term,
+    Unary,
+    Union,
+    cons_list,
+)
 from .tuple_ops import TUPLE_OPS
-from .term import Fact, Id, ListTerm, KnownShape, Leaf, Op1, Op2, Op3, Reshape, Scalar, Term, Unary, Union, cons_list
 
 log = logging.getLogger(__name__)
 
@@ -76,81 +101,6 @@ class Translation:
 
 
 # ---------------------------------------------------------------- mutation analysis
-
-
-def inplace_position(target: Any) -> int | None:
-    try:
-        params = list(inspect.signature(target).parameters)
-    except (TypeError, ValueError):
-        return None
-    return params.index("inplace") if "inplace" in params else None
-
-
-# Functional norms that update their running statistics in place (in training mode, or
-# with input statistics): parameter names in call order, the flag, and its default.
-_RUNNING_STATS_OPS: dict[Any, tuple[tuple[str, ...], str, bool]] = {
-    F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training"), "training", False),
-    F.instance_norm: (("input", "running_mean", "running_var", "weight", "bias", "use_input_stats"),
-                      "use_input_stats", True),
-    torch.batch_norm: (("input", "weight", "bias", "running_mean", "running_var", "training"), "training", False),
-    torch.instance_norm: (("input", "weight", "bias", "running_mean", "running_var", "use_input_stats"),
-                          "use_input_stats", True),
-}
-
-
-def running_stats_written(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The running statistics a batch or instance norm updates (none in eval mode)."""
-    spec = _RUNNING_STATS_OPS.get(node.target) if node.op == "call_function" else None
-    if spec is None:
-        return []
-    names, flag, default = spec
-    args = {**dict(zip(names, node.args)), **node.kwargs}
-    if not args.get(flag, default):
-        return []
-    return [args[k] for k in ("running_mean", "running_var") if isinstance(args.get(k), torch.fx.Node)]
-
-
-def written_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The inputs this node writes to: a norm's running statistics, the mutable arguments of
-    an op whose schema says so, else the first argument of any other mutating node."""
-    stats = running_stats_written(node)
-    if stats or not is_mutating(gm, node):
-        return stats
-    if isinstance(node.target, torch._ops.OpOverload):
-        written = [node.args[k] if k < len(node.args) else node.kwargs.get(a.name)
-                   for k, a in enumerate(node.target._schema.arguments)
-                   if a.alias_info is not None and a.alias_info.is_write]
-        written = [w for w in written if isinstance(w, torch.fx.Node)]
-        if written:
-            return written
-    first = node.args[0] if node.args else None
-    return [first] if isinstance(first, torch.fx.Node) else []
-
-
-def is_mutating(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Does this node write to one of its inputs?"""
-    if node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
-        return True
-    if running_stats_written(node):
-        return True
-    target = node.target
-    if node.op == "call_method":
-        return str(target).endswith("_") and not str(target).startswith("_")
-    if node.op == "call_module":
-        return getattr(gm.get_submodule(str(target)), "inplace", False) is True
-    if node.op != "call_function":
-        return False
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.is_mutable
-    if target is operator.setitem or getattr(target, "__name__", "").startswith("__i"):
-        return True
-    name = getattr(target, "__name__", "")
-    if name.endswith("_") and not name.startswith("_"):
-        return True
-    if target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
-        return True
-    position = inplace_position(target) if getattr(target, "__module__", "") == F.__name__ else None
-    return position is not None and len(node.args) > position and node.args[position] is True
 
 
 def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:

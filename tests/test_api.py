@@ -276,6 +276,42 @@ def test_the_run_for_shapes_leaves_the_callers_buffers_alone():
         assert torch.equal(a, b)
 
 
+def test_the_run_for_shapes_leaves_a_max_norm_table_alone():
+    """An embedding with max_norm renormalizes the rows it looks up in place: the runs of
+    the optimizer (shapes, prediction) put the table back, as a module and as a function."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from optimus_eqsat.fxvocab.mutation import written_attributes, written_inputs
+
+    class Lookups(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Embedding(20, 8, max_norm=1.0)
+            self.table = torch.nn.Parameter(torch.randn(20, 8) * 3)
+            self.linears = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, ids):
+            a = self.module(ids)
+            b = F.embedding(ids, self.table, max_norm=1.0)
+            return torch.cat([self.linears[0](a), self.linears[1](b)], 1)
+
+    torch.manual_seed(0)
+    model = Lookups()
+    gm = torch.fx.symbolic_trace(model)
+    assert written_attributes(gm) == {"module.weight", "table"}
+    (lookup,) = [n for n in gm.graph.nodes if n.target is F.embedding]
+    assert [n.target for n in written_inputs(gm, lookup)] == ["table"]
+    before = copy.deepcopy(model.state_dict())
+    ids = torch.arange(8)
+    optimized = optimize_graph(gm, (ids,))
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(ids), copy.deepcopy(model)(ids))
+
+
 def test_the_run_for_shapes_leaves_the_rng_alone():
     gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) + 1)
     x = torch.randn(4, 4)

@@ -5,6 +5,8 @@ and what each node holds.
   mutators, the views rebuild's fast meta runs directly), each declared once;
 - :mod:`.names`: op names of FX targets (``target_name``, ``op_label``,
   ``canonical_name``);
+- :mod:`.mutation`: which nodes write which inputs (in-place ops, norms in training,
+  embeddings with max_norm), and which of a module's attributes a graph writes;
 - :mod:`.meta`: tensor meta readers (``TensorInfo``, ``node_tensor_infos``,
   ``SHAPE_META``, ``fetch_attr``) and the one way to read a graph's shapes
   (``node_values``: node meta, and one run of the example inputs where it is missing).

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_aggregate
 
+from .mutation import written_attributes
 from .symbolic import concrete_inputs, size_hint
 
 log = logging.getLogger("optimus_eqsat")
@@ -223,12 +224,15 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     recorder = _Recorder(gm)
     example_inputs = concrete_inputs(example_inputs)  # a SymInt input runs at its hint
     before = input_versions(example_inputs)
-    # a module's own buffers (a traced BatchNorm module's statistics) are put back after
-    buffers = copied_inputs([b for _, b in gm.named_buffers()], RUN_COPY_BYTES)
+    # a module's own buffers (a traced BatchNorm module's statistics) and the parameters the
+    # graph writes (the table of an embedding with max_norm) are put back after
+    params = dict(gm.named_parameters())
+    state = [b for _, b in gm.named_buffers()] + [params[n] for n in sorted(written_attributes(gm)) if n in params]
+    saved = list(zip(state, copied_inputs(state, RUN_COPY_BYTES)))
     # (and the caller's RNG state: a dropout in the graph draws from it)
     devices = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
     try:
-        with torch.no_grad(), _restoring(gm, buffers), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), _restoring(saved), torch.random.fork_rng(devices=devices):
             recorder.run(*copied_inputs(example_inputs, RUN_COPY_BYTES))
     except Exception as exc:
         failed = recorder.current.name if recorder.current is not None else "?"
@@ -239,16 +243,17 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
 
 
 @contextlib.contextmanager
-def _restoring(gm: torch.fx.GraphModule, saved: list[Any]) -> Any:
-    """Put ``gm``'s buffers back to ``saved`` (copies; a buffer too large to copy is its own
-    entry and stays as the run left it). Unconditionally: a batch norm's kernel updates its
+def _restoring(saved: list[tuple[torch.Tensor, Any]]) -> Any:
+    """Put each tensor back to its saved copy (a tensor too large to copy is its own copy
+    and stays as the run left it). Unconditionally: a batch norm's kernel updates its
     running statistics without moving their version counters."""
     try:
         yield
     finally:
-        for (_, buffer), copy in zip(gm.named_buffers(), saved):
-            if copy is not buffer:
-                buffer.copy_(copy)
+        with torch.no_grad():
+            for tensor, copy in saved:
+                if copy is not tensor:
+                    tensor.copy_(copy)
 
 
 def _describe(value: Any) -> str:
