@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from . import rewrites
-from .extract.cost_model import get_profile
+from .extract.cost_model import DeviceProfile, get_profile
 from .objective import MODES
 from .rulesets import DEFAULT_RULESETS, checked_rule_files, known_families, select_rulesets
 from .saturate import Limits
@@ -97,6 +98,7 @@ class OptimizeOptions:
 
     def validate(self) -> None:
         """Raise ValueError on option values that can never work (a caller's mistake, not a fallback)."""
+        self._check_types()
         known = known_families()
         unknown = [name for name in self.rulesets if name not in known]
         if unknown:
@@ -114,6 +116,20 @@ class OptimizeOptions:
             raise ValueError(str(exc)) from None
         # a missing, broken or unsound file is the caller's mistake: an error naming it
         checked_rule_files(self.rule_files, check_rules=self.check_rules)
+
+    def _check_types(self) -> None:
+        """Numbers, flags and the profile of the right kind ("1" for a time limit once failed
+        deep inside the run, and fell back instead of saying so)."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+            if kind in ("int", "float", "int | None"):
+                if (value is None and kind == "int | None") or (isinstance(value, Real) and not isinstance(value, bool)):
+                    continue
+                raise ValueError(f"{f.name} must be a number, got {value!r}")
+            if kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be True or False, got {value!r}")
+        if not isinstance(self.profile, (str, DeviceProfile)):
+            raise ValueError(f"profile must be 'auto', a profile name or a DeviceProfile, got {self.profile!r}")
 
     def egglog_rulesets(self) -> list[rewrites.RuleSet]:
         """The egglog programs a run loads (:func:`~optimus_eqsat.rulesets.select_rulesets`)."""

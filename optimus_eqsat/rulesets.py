@@ -23,6 +23,10 @@ def checked_rule_files(paths: Iterable[str | Path], check_rules: bool = True) ->
     ``rule_check.UnsoundRuleError`` names an unsound rule and its counterexample."""
     shipped = rewrites.builtin_rulesets().values()
     loaded = [rewrites.load_rule_file(path) for path in paths]
+    names = [ruleset.name for ruleset in loaded]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise rewrites.RuleFileError(f"rule files declare the same ruleset more than once: {twice}")
     for ruleset in loaded:
         check_ruleset(ruleset, shipped)
         if check_rules:

@@ -88,9 +88,11 @@ def load_rule_file(path: str | Path) -> RuleSet:
     Raises :class:`RuleFileError` naming the file when it is missing or unreadable
     (whether its egglog is valid is checked by ``saturate.check_ruleset``)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise RuleFileError(f"{path}: cannot read the rule file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RuleFileError(f"{path}: not a text (UTF-8) rule file: {exc.reason} at byte {exc.start}") from None
     names = re.findall(r"\(ruleset\s+([^\s()]+)\s*\)", text)
     if len(names) != 1:
         raise RuleFileError(f"{path}: a rule file declares exactly one (ruleset NAME); found {names or 'none'}")

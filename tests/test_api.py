@@ -208,6 +208,26 @@ def test_unknown_option_and_bad_input_are_clear_errors():
         optimize_graph(Model())
     with pytest.raises(ValueError, match="unknown ruleset"):
         optimize_graph(gm, rulesets=("nope",), raise_on_error=True)
+    # values of the wrong kind: an error, not a fall-back from deep inside the run
+    with pytest.raises(ValueError, match="time_limit_s must be a number"):
+        optimize_graph(gm, time_limit_s="1")
+    with pytest.raises(ValueError, match="never_worse must be True or False"):
+        optimize_graph(gm, never_worse="yes")
+    with pytest.raises(ValueError, match="profile must be"):
+        optimize_graph(gm, profile=None)
+    optimize_graph(gm, (torch.randn(5, 12),), max_enodes=None, time_limit_s=5, raise_on_error=True)  # ints are numbers
+
+
+def test_rule_files_that_are_not_text_or_repeat_a_ruleset_are_errors(tmp_path):
+    gm = torch.fx.symbolic_trace(Model())
+    binary = tmp_path / "binary.egg"
+    binary.write_bytes(b"\xff\xfe(ruleset \x80)")
+    with pytest.raises(RuleFileError, match=r"binary\.egg: not a text"):
+        optimize_graph(gm, rule_files=[str(binary)])
+    rules = tmp_path / "mine.egg"
+    rules.write_text('(ruleset mine)\n(rewrite (Scalar "mul" x 1.0) x :ruleset mine :name "mine-mul-one")\n')
+    with pytest.raises(RuleFileError, match=r"same ruleset more than once: \['mine'\]"):
+        optimize_graph(gm, rule_files=[str(rules), str(rules)])
 
 
 def test_large_chain_round_trips():
