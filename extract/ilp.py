@@ -128,7 +128,9 @@ class IlpExtractor:
         remaining = max(0.1, self.time_limit - (time.perf_counter() - t0))
         give_up = None
         if self.give_up_after_s is not None:
-            give_up = (max(0.1, self.give_up_after_s - (time.perf_counter() - t0)), self.give_up_gap, greedy.cost / unit)
+            # (within a shorter time limit, its idle test comes at half that limit)
+            after = min(self.give_up_after_s, self.time_limit)
+            give_up = (max(0.1, after - (time.perf_counter() - t0)), self.give_up_gap, greedy.cost / unit)
         res = _solve(objective, integrality, bounds, constraints,
                      {"time_limit": remaining, "mip_rel_gap": self.mip_rel_gap, "presolve": presolve},
                      use_highspy=cg.n_nodes <= self.highspy_max_nodes, give_up=give_up)
