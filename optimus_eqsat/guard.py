@@ -132,8 +132,11 @@ def step_function(program: Program, inputs: Sequence[Any], training: bool) -> Ca
     that requires grad (parameters included) by ``torch.autograd.grad``, so nothing
     accumulates into the user's ``.grad``."""
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
 
     def step() -> None:
+        if on_cuda:  # programs compiled with CUDA graphs (mode="reduce-overhead") take turns:
+            torch.compiler.cudagraph_mark_step_begin()  # each step is a new one, not a continuation
         out = program(*inputs)
         if training and wrt:
             outs = [o for o in _flat_tensors(out) if o.requires_grad]
