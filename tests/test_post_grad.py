@@ -163,6 +163,21 @@ def test_failure_inside_the_pass_leaves_the_graph_as_it_was(monkeypatch, caplog)
     assert report.fell_back and "retrace failed" in report.fallback_reason
 
 
+def test_a_role_not_asked_for_is_left_alone_and_reported():
+    """The backend optimizes only the backward of a program its pre-grad pass rewrote."""
+    model, inputs = _model_and_inputs()
+    gm, example = capture_dynamo_graph(model, inputs)
+    forward = aten_graphs(gm, example)[0]
+    before = forward.code
+    optimizer = PostGradPass(profile="cpu", roles=("backward",))
+    optimizer(forward.graph)
+    forward.recompile()
+    assert forward.code == before
+    ((role, report),) = optimizer.reports
+    assert role == "forward" and report.fell_back and "not among those to optimize" in report.fallback_reason
+    assert optimizer.uuid() != PostGradPass(profile="cpu").uuid()  # a cached program keys on the roles
+
+
 def test_dynamo_signals_pass_through(monkeypatch):
     from torch._dynamo.exc import RestartAnalysis
 

@@ -126,9 +126,11 @@ class PostGradPass(CustomGraphPass):
     ``turn_off_inplace`` :func:`optimize_aten_graph`'s (the backend sets the latter, and
     patches the keys it writes around its compile; installed by hand, compile with
     ``config.patch(INDUCTOR_PATCHES)`` instead). Reports are appended as ``(role, report)`` pairs,
-    role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set)."""
+    role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set).
+    ``roles``: the graphs it optimizes; another is left as it is (and reported so)."""
 
-    def __init__(self, require_fewer_launches: bool = True, turn_off_inplace: bool = False, **options: Any):
+    def __init__(self, require_fewer_launches: bool = True, turn_off_inplace: bool = False,
+                 roles: tuple[str, ...] = ("forward", "backward"), **options: Any):
         options.setdefault("raise_on_error", False)
         # The aten graphs come after the pre-grad pass did the batching; their ILP rarely finds
         # more than greedy, and spent up to its 8 s on each graph (training at batch 2048).
@@ -137,11 +139,16 @@ class PostGradPass(CustomGraphPass):
         self.options = options
         self.require_fewer_launches = require_fewer_launches
         self.turn_off_inplace = turn_off_inplace
+        self.roles = tuple(roles)
         self.reports: list[tuple[str, OptimizeReport]] = []
         self.sinks = [self.reports]  # every list the (role, report) pairs go to
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
+        if role not in self.roles:
+            self._report(role, OptimizeReport(fell_back=True, fallback_reason=f"post-grad: the {role} graph is "
+                                                                              "not among those to optimize; kept"))
+            return
         try:
             report = optimize_aten_graph(graph, self.require_fewer_launches, self.turn_off_inplace, **self.options)
         except Exception as exc:
@@ -154,6 +161,9 @@ class PostGradPass(CustomGraphPass):
         if report is None:  # every call is reported: the backend reads which graphs the pass saw
             report = OptimizeReport(fell_back=True, fallback_reason="post-grad: skipped (symbolic shapes or "
                                                                     "no fake inputs); kept the graph")
+        self._report(role, report)
+
+    def _report(self, role: str, report: OptimizeReport) -> None:
         for sink in self.sinks:
             sink.append((role, report))
         log.info("optimus_eqsat post-grad (%s):\n%s", role, report.summary())
@@ -161,4 +171,5 @@ class PostGradPass(CustomGraphPass):
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
         settings = sorted((k, repr(v)) for k, v in self.options.items())
-        return get_hash_for_files(files, repr((settings, self.require_fewer_launches, self.turn_off_inplace)))
+        return get_hash_for_files(files, repr((settings, self.require_fewer_launches, self.turn_off_inplace,
+                                               self.roles)))
