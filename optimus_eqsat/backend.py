@@ -327,11 +327,15 @@ def _log_report(report: OptimizeReport | None) -> None:
         log.info("optimus_eqsat backend:\n%s", report.summary())
 
 
-def _inductor_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` checked when the backend is made: every key an Inductor config."""
+def _inductor_config_names() -> set[str]:
     from torch._inductor import config as inductor
 
-    unknown = sorted(set(config) - set(inductor.get_config_copy()))
+    return set(inductor.get_config_copy())
+
+
+def _inductor_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` checked when the backend is made: every key an Inductor config."""
+    unknown = sorted(set(config) - _inductor_config_names())
     if unknown:
         raise ValueError(f"inductor_config: not Inductor configs: {unknown}")
     return dict(config)
@@ -354,14 +358,12 @@ def backend_options(mode: str | None = None, options: dict[str, Any] | None = No
     """:func:`make_backend`'s options for ``torch.compile(mode=mode, options=options)``: the
     mode's Inductor configs (``"reduce-overhead"``: CUDA graphs), and each option that is
     not one of ours but names an Inductor config goes to ``inductor_config``."""
-    from dataclasses import fields
+    from torch._inductor import list_mode_options
 
-    from torch._inductor import config as inductor, list_mode_options
-
-    ours = {f.name for f in fields(OptimizeOptions)} | set(BACKEND_OPTIONS)
+    ours = OptimizeOptions.names() | set(BACKEND_OPTIONS)
     result: dict[str, Any] = {}
     config = dict(list_mode_options(mode)) if mode not in (None, "default") else {}
-    inductor_names = set(inductor.get_config_copy())
+    inductor_names = _inductor_config_names()
     for name, value in (options or {}).items():
         if name in ours:
             result[name] = value

@@ -87,11 +87,9 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
         for base in written_inputs(gm, node):
-            while base.op != "placeholder" and canonical_name(base) in ALIASING_OPS:
+            while base is not None and base.op != "placeholder" and canonical_name(base) in ALIASING_OPS:
                 base = base.args[0] if base.args and isinstance(base.args[0], torch.fx.Node) else None
-                if base is None:
-                    break
-            if base is not None and base in placeholders:
+            if base in placeholders:
                 written.add(placeholders[base])
     return written
 
@@ -114,9 +112,8 @@ def timing_inputs(example_inputs: Sequence[Any], written: set[int]) -> list[Any]
     return copied_inputs(example_inputs, budget, must=written, may=lambda x: not x.requires_grad)
 
 
-def _sync(inputs: Sequence[Any]) -> None:
-    if torch.cuda.is_available() and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
-        torch.cuda.synchronize()
+def _on_cuda(inputs: Sequence[Any]) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
 
 
 def _flat_tensors(out: Any) -> list[torch.Tensor]:
@@ -132,7 +129,7 @@ def step_function(program: Program, inputs: Sequence[Any], training: bool) -> Ca
     that requires grad (parameters included) by ``torch.autograd.grad``, so nothing
     accumulates into the user's ``.grad``."""
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
-    on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+    on_cuda = _on_cuda(inputs)
 
     def step() -> None:
         if on_cuda:  # programs compiled with CUDA graphs (mode="reduce-overhead") take turns:
@@ -143,7 +140,8 @@ def step_function(program: Program, inputs: Sequence[Any], training: bool) -> Ca
             if outs:
                 loss = sum(o.float().sum() for o in outs)
                 torch.autograd.grad(loss, wrt, allow_unused=True)
-        _sync(inputs)
+        if on_cuda:
+            torch.cuda.synchronize()
 
     return step
 
@@ -371,7 +369,7 @@ def _time_programs(programs: dict[str, Program | Deferred], names: Sequence[str]
             programs[name], compile_s[name] = program(), program.compile_s
     steps = {name: step_function(programs[name], inputs, training) for name in names}
     rounds = time_interleaved(steps, budget_s=budget_s)
-    on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+    on_cuda = _on_cuda(inputs)
     peaks = {name: step_peak_bytes(step, on_cuda) + getattr(programs[name], "held_bytes", 0)
              for name, step in steps.items()}
     return rounds, peaks

@@ -82,8 +82,13 @@ class OptimizeOptions:
     record_eclasses: bool = False
 
     @classmethod
+    def names(cls) -> set[str]:
+        """The option names ``optimize_graph`` takes."""
+        return {f.name for f in fields(cls)}
+
+    @classmethod
     def from_kwargs(cls, **options: Any) -> "OptimizeOptions":
-        known = {f.name for f in fields(cls)}
+        known = cls.names()
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown optimize_graph option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -121,7 +126,7 @@ class OptimizeOptions:
         """Numbers, flags and the profile of the right kind ("1" for a time limit once failed
         deep inside the run, and fell back instead of saying so)."""
         for f in fields(self):
-            value, kind = getattr(self, f.name), f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+            value, kind = getattr(self, f.name), f.type  # (a string: annotations are postponed)
             if kind in ("int", "float", "int | None"):
                 if (value is None and kind == "int | None") or (isinstance(value, Real) and not isinstance(value, bool)):
                     continue
