@@ -22,9 +22,11 @@ if (_checkout_top / "rewrites" / "__init__.py").exists() and not (
 
 from .api import OptimizationError, OptimizeOptions, optimize_graph  # noqa: E402
 from .report import OptimizeReport  # noqa: E402
+from .stacking import stack_parameters, unstack_parameters  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["optimize_graph", "OptimizeOptions", "OptimizeReport", "OptimizationError", "predicted_launches"]
+__all__ = ["optimize_graph", "OptimizeOptions", "OptimizeReport", "OptimizationError", "predicted_launches",
+           "stack_parameters", "unstack_parameters"]
 
 
 def predicted_launches(gm, example_inputs=None, profile: str = "h100") -> int:
