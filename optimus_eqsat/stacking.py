@@ -154,7 +154,12 @@ def _slot_property(name: str) -> property:
 class _StackedMember:
     """Mixed into a stacked member's class: its state dict holds each stacked parameter
     under its own key, as a view of its slot, in the original order, and loading copies
-    each such entry into its slot."""
+    each such entry into its slot. Pickled (``torch.save(model)``) and copied by its
+    original class and slot names, as the made class has no importable name."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        state = self.__dict__
+        return _member_instance, (state[_CLASS], tuple(sorted(state[_SLOTS]))), state
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         own: OrderedDict[str, Any] = OrderedDict()
@@ -205,6 +210,11 @@ def _member_class(cls: type, names: tuple[str, ...]) -> type:
         body["__module__"] = cls.__module__
         _CLASSES[key] = type(f"Stacked{cls.__name__}", (_StackedMember, cls), body)
     return _CLASSES[key]
+
+
+def _member_instance(cls: type, names: tuple[str, ...]) -> nn.Module:
+    """An empty instance of ``cls``'s stacked class for ``names`` (unpickling, deepcopy)."""
+    return object.__new__(_member_class(cls, names))
 
 
 def _save_hook(owner: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
@@ -309,8 +319,8 @@ def _groups_to_stack(model: nn.Module, planned: Sequence[tuple[str, Sequence[str
         yield kind, members
 
 
-def stack_parameters(model: nn.Module, example_inputs: Sequence[Any], *, rounds: int = 2,
-                     **options: Any) -> nn.Module:
+def stack_parameters(model: nn.Module, example_inputs: Sequence[Any] | torch.Tensor, *, rounds: int = 2,
+                     exclude: Callable[[str], bool] | None = None, **options: Any) -> nn.Module:
     """Store the parameters the optimizer's batched training program reads stacked, in place.
 
     Runs the optimizer (:func:`optimus_eqsat.optimize_graph`, ``options`` passed on; mode
@@ -327,7 +337,8 @@ def stack_parameters(model: nn.Module, example_inputs: Sequence[Any], *, rounds:
     ``rounds``: planning runs at most. After a round stacked something, the next plans on the
     stacked model, where reading a stack costs no copy, so the optimizer may batch groups it
     declined while their stacks were copies (mmoe's gates). Each round compiles and
-    optimizes one forward (seconds).
+    optimizes one forward (seconds). ``exclude(path)``: parameters to keep as they are (say,
+    those that need their own optimizer settings); a group holding one is not stacked.
 
     - Build the optimizer (and any learning-rate scheduler, EMA copy or DDP/FSDP wrapper)
       *after* this call: ``model.parameters()`` now yields the stacks instead of their
@@ -341,8 +352,13 @@ def stack_parameters(model: nn.Module, example_inputs: Sequence[Any], *, rounds:
 
     Returns ``model`` (modified in place).
     """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
     for _ in range(rounds):
-        if not stack_groups(model, planned_groups(model, example_inputs, **options)):
+        planned = planned_groups(model, example_inputs, **options)
+        if exclude is not None:
+            planned = [(kind, members) for kind, members in planned if not any(map(exclude, members))]
+        if not stack_groups(model, planned):
             break
     return model
 

@@ -4,6 +4,7 @@ model, checkpoints, hooks, tied weights, and the compiled program reading the st
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -197,12 +198,29 @@ def test_hooks_on_a_stacked_module_still_fire() -> None:
     assert fired == ["pre", "forward", "backward"]
 
 
-def test_deepcopy_keeps_its_own_stacks() -> None:
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_copies_keep_their_own_stacks(how: str) -> None:
     _, model = _stacked()
-    twin = copy.deepcopy(model)
+    if how == "deepcopy":
+        twin = copy.deepcopy(model)
+    else:
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        twin = torch.load(buffer, weights_only=False)
+    torch.testing.assert_close(twin(_inputs()), model(_inputs()), rtol=0, atol=0)
     with torch.no_grad():
         twin.get_parameter("experts._optimus_stack0_weight").zero_()
     assert (twin.experts[0][0].weight == 0).all() and not (model.experts[0][0].weight == 0).all()
+    assert list(twin.state_dict()) == list(model.state_dict())
+
+
+def test_exclude_leaves_groups_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimus_eqsat import stacking
+
+    monkeypatch.setattr(stacking, "planned_groups", lambda model, inputs, **options: PLAN)
+    model = stack_parameters(_model(), _inputs(), exclude=lambda path: path.endswith("bias"))
+    assert [g.members for g in stacked_groups(model)] == [tuple(PLAN[0][1]), tuple(PLAN[2][1])]
 
 
 def test_tied_and_aliased_parameters_are_left_alone() -> None:
