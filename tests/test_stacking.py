@@ -265,3 +265,38 @@ def test_stack_parameters_makes_the_batched_program_read_the_stacks() -> None:
     assert _parameter_copies(model, x) == []
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
     assert model.state_dict().keys() == ref.state_dict().keys()
+
+
+def test_ddp_and_fsdp2_train_the_stack_as_an_ordinary_parameter() -> None:
+    """One process (gloo, world size 1): DDP and FSDP2's ``fully_shard`` take the stacks as
+    they take any parameter; gradients and state-dict keys are the unstacked model's."""
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed unavailable or already initialized")
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        ref, model = _stacked()
+        x = _inputs()
+        ref(x).sum().backward()
+        ddp = DistributedDataParallel(copy.deepcopy(model))
+        ddp(x).sum().backward()
+        sharded = copy.deepcopy(model)
+        fully_shard(sharded)
+        sharded(x).sum().backward()
+        for wrapped in (ddp.module, sharded):
+            grads = _member_grads(wrapped, ref)
+            for name, p in ref.named_parameters():
+                grad = grads[name].full_tensor() if hasattr(grads[name], "full_tensor") else grads[name]
+                torch.testing.assert_close(grad, p.grad, rtol=0, atol=0, msg=name)
+            assert list(wrapped.state_dict()) == list(ref.state_dict())
+    finally:
+        dist.destroy_process_group()
