@@ -160,6 +160,11 @@ def test_load_state_dict_of_an_old_checkpoint() -> None:
         assert torch.equal(model.state_dict()[key], value), key
     x = _inputs()
     torch.testing.assert_close(model(x), old(x), rtol=0, atol=0)
+    # assign=True assigns what is not stacked and copies into the slots
+    newer = _model(seed=6)
+    model.load_state_dict(newer.state_dict(), assign=True)
+    torch.testing.assert_close(model(x), newer(x), rtol=0, atol=0)
+    assert len(stacked_groups(model)) == len(PLAN)
     # mistakes are reported as for the original model
     partial = {k: v for k, v in old.state_dict().items() if k != "experts.1.0.weight"}
     assert model.load_state_dict(partial, strict=False) == _model().load_state_dict(partial, strict=False)
@@ -234,35 +239,41 @@ def test_tied_and_aliased_parameters_are_left_alone() -> None:
     assert isinstance(model.experts[2][2].weight, nn.Parameter)
 
 
-def _parameter_copies(model: nn.Module, x: torch.Tensor) -> list[str]:
+def _parameter_copies(model: nn.Module, x: torch.Tensor) -> tuple[list[str], float]:
     """Non-view nodes that the optimizer's training program for ``model`` computes from
-    parameters alone (a stack or cat of weights: a copy every step)."""
+    parameters alone (a stack or cat of weights: a copy every step), and the program's
+    predicted step time."""
     from optimus_eqsat import optimize_graph
     from optimus_eqsat.extract.freezing import parameter_values
     from optimus_eqsat.fxvocab import VIEW_OPS
     from optimus_eqsat.fxvocab.names import canonical_name
     from optimus_eqsat.stacking import _training_graphs
 
-    copies = []
+    copies, cost = [], 0.0
     for gm, inputs in _training_graphs(model, (x,)):
         program = optimize_graph(gm, inputs, mode="training", raise_on_error=True)
-        assert program.meta["optimus_eqsat"].batched
+        report = program.meta["optimus_eqsat"]
+        assert report.batched and not report.fell_back
+        cost += report.cost_after
         for node, _ in parameter_values(program, inputs).items():
             if node.op in ("call_function", "call_method") and canonical_name(node) not in VIEW_OPS:
                 copies.append(node.format_node())
-    return copies
+    return copies, cost
 
 
 def test_stack_parameters_makes_the_batched_program_read_the_stacks() -> None:
     """The optimizer batches the experts and stacks their weights every step; once they are
     stacked, the batched program reads the stacks through views (the e-graph folds
-    ``stack(W[0], ..., W[n-1])`` to ``W``) and copies no parameter."""
+    ``stack(W[0], ..., W[n-1])`` to ``W``), copies no parameter and is priced without copies."""
     model, x = _model(), _inputs(batch=64)
-    assert _parameter_copies(model, x), "the unstacked program should stack the experts' weights"
+    copies, cost = _parameter_copies(model, x)
+    assert copies, "the unstacked program should stack the experts' weights"
     ref = copy.deepcopy(model)
     stack_parameters(model, (x,))
     assert any(g.owner == "experts" and g.kind == "stack" for g in stacked_groups(model))
-    assert _parameter_copies(model, x) == []
+    copies, stacked_cost = _parameter_copies(model, x)
+    assert copies == []
+    assert stacked_cost < cost  # the copies are no longer priced
     torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
     assert model.state_dict().keys() == ref.state_dict().keys()
 
