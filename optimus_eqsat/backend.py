@@ -20,7 +20,7 @@ import torch.fx
 from .api import OptimizeOptions, optimize_graph
 from .fx_graphs import copy_module, op_count
 from .fxvocab.symbolic import symbolic_value
-from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult
+from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
 from .inductor_compat import first_line, inductor_patches, is_dynamo_signal
 from .objective import freezing_enabled
 from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
@@ -137,6 +137,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if compiled is None:
             return compile_fx(original, example_inputs)
         report.recomputed_masks = sum(masks)  # (the joint graph is partitioned in the forward's compile)
+        if not measure and isinstance(compiled, CachedParameterWork) and _fake_first_call():
+            compiled = CompileTimeSafe(compiled)
         if measure:
             # Unless the pre-grad pass changed the graph, the candidate is the original graph
             # itself until a post-grad pass rewrites it (the backward's runs on the first call).
@@ -302,7 +304,38 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         log.info("optimus_eqsat: %s", result.summary())
 
     return FirstCallChoice({"original": baseline, "optimized": compiled, **(extra or {})}, original, budget_s,
-                           record, rewritten=rewritten, memory_slack=memory_slack)
+                           record, rewritten=rewritten, memory_slack=memory_slack,
+                           run_at_compile_time=run_at_compile_time)
+
+
+def _fake_first_call() -> bool:
+    """Whether the program compiled now is called first on fake tensors (DDPOptimizer's pass)."""
+    context = torch._guards.TracingContext.try_get()
+    return bool(context is not None and getattr(context, "fakify_first_call", False))
+
+
+def run_at_compile_time(program: Callable, args: Sequence[Any]) -> Any:
+    """Run ``program`` on a call at compile time (fake tensors: DDPOptimizer's pass): a program
+    behind a parameter cache runs its prologue on the call's parameters and packs nothing."""
+    if isinstance(program, CachedParameterWork):
+        params = [args[k] for k in program.param_positions]
+        return program.main(*program.prologue(*params)[:program.n_values], *args)
+    return program(*args)
+
+
+class CompileTimeSafe:
+    """A program behind a parameter cache whose first call may come at compile time
+    (:func:`~.guard.compile_time_call`): that call runs it uncached (:func:`run_at_compile_time`)."""
+
+    def __init__(self, program: CachedParameterWork):
+        self.program, self.first = program, True
+
+    def __call__(self, *args: Any) -> Any:
+        if self.first:
+            if compile_time_call(args):
+                return run_at_compile_time(self.program, args)
+            self.first = False
+        return self.program(*args)
 
 
 def _memory_slack(value: Any) -> tuple[float, int]:

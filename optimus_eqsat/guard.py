@@ -19,16 +19,32 @@ copies of the inputs the graph writes to and of every input without grad (buffer
 such as a batch norm's running statistics, and data; :func:`timing_inputs`), and the
 RNG state is restored after timing.
 
-In the ``torch.compile`` backend the measurement happens on the first call of
-the compiled program (:class:`FirstCallChoice`), on that call's inputs: running
+In the ``torch.compile`` backend the measurement happens on the first real call
+of the compiled program (:class:`FirstCallChoice`), on that call's inputs: running
 a compiled backward inside Dynamo's own compile trips its compile metrics, and
-whether the step is a training step is only known at the call.
+whether the step is a training step is only known at the call. Torch calls
+compiled programs in places where timing is unsafe, and the choice must not
+crash or stall the user's step there:
+
+- at compile time, on fake tensors (Dynamo's DDPOptimizer runs every compiled
+  piece once so to compile the next): a program runs, undecided;
+- inside the user's forward with hooks on the inputs (FSDP2's, DDP's): a training
+  step is timed on detached aliases of the inputs (:func:`timing_inputs`), so no
+  user autograd graph, tensor hook or parameter hook is reached, with compiled
+  autograd off;
+- where timing cannot be done safely at all (:func:`unsafe_to_time`: collective ops,
+  whose rounds every rank must run alike; tensor-subclass inputs such as DTensor;
+  list inputs a program consumes, as compiled autograd's; a call inside a backward):
+  nothing is timed and the optimizer's prediction decides (the candidate exists only
+  where it predicted a gain), which the result says.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -39,6 +55,7 @@ import torch.fx
 from .fxvocab import ALIASING_OPS, canonical_name
 from .fxvocab.meta import copied_inputs, input_versions, warn_if_written
 from .fxvocab.mutation import written_inputs
+from .inductor_compat import first_line
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -100,16 +117,78 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
 COPY_INPUTS_BYTES = 256 << 20
 
 
-def timing_inputs(example_inputs: Sequence[Any], written: set[int]) -> list[Any]:
+def timing_inputs(example_inputs: Sequence[Any], written: set[int], training: bool = False) -> list[Any]:
     """The inputs the measurement runs on: copies of those the graph writes to (``written``)
     and of every other input that does not require grad while they fit in
     :data:`COPY_INPUTS_BYTES` (on a GPU also within an eighth of its free memory);
-    parameters (and inputs that require grad) as they are."""
+    parameters (and inputs that require grad) as they are, or, in ``training``, as
+    detached aliases (same storage, new leaves): the timed backward then stops at them and
+    reaches no autograd graph or hook of the user's (FSDP2's and DDP's hooks, a gradient
+    hook) in the middle of the user's step."""
     budget = COPY_INPUTS_BYTES
     device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda), None)
     if device is not None:
         budget = min(budget, torch.cuda.mem_get_info(device)[0] // 8)
-    return copied_inputs(example_inputs, budget, must=written, may=lambda x: not x.requires_grad)
+    inputs = copied_inputs(example_inputs, budget, must=written, may=lambda x: not x.requires_grad)
+    if not training:  # (no backward runs; aliases would stop the parameter cache from packing)
+        return inputs
+    return [x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in inputs]
+
+
+# Namespaces of collective ops (c10d, functional collectives, DTensor's): every rank must run
+# them alike, so a graph holding one is never timed (ranks would time different numbers of rounds).
+COLLECTIVE_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd",
+                                   "_dtensor", "symm_mem"})
+
+
+def _is_collective(target: Any) -> bool:
+    namespace = getattr(target, "namespace", None)  # an OpOverload
+    if namespace is None and hasattr(target, "_qualified_op_name"):  # an OpOverloadPacket
+        namespace = target._qualified_op_name.split("::")[0]
+    if namespace is not None:
+        return namespace in COLLECTIVE_NAMESPACES
+    return (getattr(target, "__module__", None) or "").startswith("torch.distributed")
+
+
+def has_collectives(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` (or a graph it holds, a higher-order op's body) calls a collective op
+    or a function of ``torch.distributed``."""
+    return any(node.op in ("call_function", "call_method") and _is_collective(node.target)
+               for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+               for node in module.graph.nodes)
+
+
+def compile_time_call(args: Sequence[Any]) -> bool:
+    """Whether a call of a compiled program happens at compile time, not in a real step: on
+    fake tensors, under a fake mode, or while torch.compile or torch.export traces (Dynamo's
+    DDPOptimizer runs each compiled piece once on fake tensors to compile the next)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return (torch.compiler.is_compiling() or torch._guards.active_fake_mode() is not None
+            or any(isinstance(x, torch.Tensor) and is_fake(x) for x in args))
+
+
+def unsafe_to_time(gm: torch.fx.GraphModule, args: Sequence[Any]) -> str:
+    """Why the programs computing ``gm`` cannot be timed on a real call with ``args`` (empty
+    when they can)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if any(isinstance(x, (list, tuple)) for x in args):
+        return "its inputs are lists a program consumes (compiled autograd's boxed inputs)"
+    if any(isinstance(x, torch.Tensor) and is_traceable_wrapper_subclass(x) for x in args):
+        return "tensor-subclass inputs (DTensor)"
+    if torch._C._current_graph_task_id() != -1:
+        return "called inside a backward"
+    if has_collectives(gm):
+        return "the graph calls collective ops, which every rank must run alike"
+    return ""
+
+
+def _compiled_autograd_off() -> contextlib.AbstractContextManager:
+    """Compiled autograd off (when it is loaded): the timed backward is an ordinary one, not
+    captured and compiled inside the user's step."""
+    compiled_autograd = sys.modules.get("torch._dynamo.compiled_autograd")
+    return compiled_autograd._disable() if compiled_autograd is not None else contextlib.nullcontext()
 
 
 def _on_cuda(inputs: Sequence[Any]) -> bool:
@@ -124,10 +203,19 @@ def _flat_tensors(out: Any) -> list[torch.Tensor]:
     return []
 
 
-def step_function(program: Program, inputs: Sequence[Any], training: bool) -> Callable[[], None]:
+def _layout(out: Any) -> list[tuple[Any, ...]] | None:
+    """Shapes and strides of the tensors in ``out`` (None when any is symbolic)."""
+    layout = [(tuple(t.shape), tuple(t.stride())) for t in _flat_tensors(out)]
+    concrete = all(isinstance(v, int) for shape, stride in layout for v in (*shape, *stride))
+    return layout if concrete else None
+
+
+def step_function(program: Program, inputs: Sequence[Any], training: bool,
+                  layouts: list[Any] | None = None) -> Callable[[], None]:
     """One step of ``program``: the forward, and in training the gradients of every input
-    that requires grad (parameters included) by ``torch.autograd.grad``, so nothing
-    accumulates into the user's ``.grad``."""
+    that requires grad (parameters included) by ``torch.autograd.grad`` with compiled
+    autograd off, so nothing accumulates into the user's ``.grad``. ``layouts`` (optional)
+    receives the outputs' :func:`_layout` of the first step."""
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     on_cuda = _on_cuda(inputs)
 
@@ -135,11 +223,14 @@ def step_function(program: Program, inputs: Sequence[Any], training: bool) -> Ca
         if on_cuda:  # programs compiled with CUDA graphs (mode="reduce-overhead") take turns:
             torch.compiler.cudagraph_mark_step_begin()  # each step is a new one, not a continuation
         out = program(*inputs)
+        if layouts is not None and not layouts:
+            layouts.append(_layout(out))
         if training and wrt:
             outs = [o for o in _flat_tensors(out) if o.requires_grad]
             if outs:
                 loss = sum(o.float().sum() for o in outs)
-                torch.autograd.grad(loss, wrt, allow_unused=True)
+                with _compiled_autograd_off():
+                    torch.autograd.grad(loss, wrt, allow_unused=True)
         if on_cuda:
             torch.cuda.synchronize()
 
@@ -264,7 +355,7 @@ class Deferred:
 
 
 class FirstCallChoice:
-    """A compiled program that times its candidates on its first call and then runs the one kept.
+    """A compiled program that times its candidates on its first real call and then runs the one kept.
 
     ``programs`` holds compiled callables of one function under the names ``baseline``
     and ``candidate`` (the baseline may be :class:`Deferred`); ``gm`` is that function's
@@ -272,36 +363,77 @@ class FirstCallChoice:
     the candidate, whether any pass rewrote it; when none did, the candidate is the
     baseline's program and is kept untimed (see :func:`measure_and_choose`).
     ``on_result`` receives the :class:`GuardResult`, or the exception when timing failed
-    (the baseline is then kept: nothing showed the candidate faster)."""
+    (the baseline is then kept: nothing showed the candidate faster).
+
+    A call at compile time (:func:`compile_time_call`) runs the candidate and decides
+    nothing (programs compiled for it answer with fake outputs: each is called so); what
+    it returned fixes the output layout the programs compiled after it (DDPOptimizer's
+    next pieces) expect, and a program laid out otherwise is not kept. Where timing is
+    unsafe (:func:`unsafe_to_time`) the candidate is kept untimed, as the optimizer
+    predicted it faster; ``run_at_compile_time`` (optional) runs a program on such a call
+    (a program behind a parameter cache must not pack fake parameters)."""
 
     def __init__(self, programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule, budget_s: float,
                  on_result: Callable[[GuardResult | Exception], None], baseline: str = "original",
                  candidate: str = "optimized", rewritten: Callable[[bool], bool] | None = None,
-                 memory_slack: tuple[float, int] = MEMORY_SLACK):
+                 memory_slack: tuple[float, int] = MEMORY_SLACK,
+                 run_at_compile_time: Callable[[Program, Sequence[Any]], Any] | None = None):
         self.programs, self.gm, self.budget_s, self.on_result = programs, gm, budget_s, on_result
         self.baseline, self.candidate, self.rewritten = baseline, candidate, rewritten
         self.memory_slack = memory_slack
+        self.run_at_compile_time = run_at_compile_time or (lambda program, args: program(*args))
         self.chosen: Program | None = None
+        self.layout: list[Any] | None = None  # what a call at compile time returned
 
     def __call__(self, *args: Any) -> Any:
         if self.chosen is None:
+            if compile_time_call(args):
+                return self._undecided(args)
             self.chosen = self.programs[self._decide(args)]
             self.programs = {}  # the program not kept can be freed
         return self.chosen(*args)
 
+    def _undecided(self, args: Sequence[Any]) -> Any:
+        """Run the candidate at compile time; every other compiled program is called too, so
+        that one compiled in DDPOptimizer's fake pass spends its fake first call here."""
+        out = self.run_at_compile_time(self.programs[self.candidate], args)
+        for name, program in self.programs.items():
+            if name != self.candidate and not isinstance(program, Deferred):
+                try:
+                    self.run_at_compile_time(program, args)
+                except Exception as exc:  # (a program not compiled for such a call)
+                    log.debug("optimus_eqsat: %s not run at compile time: %s", name, exc)
+        self.layout = _layout(out)
+        return out
+
     def _decide(self, args: Sequence[Any]) -> str:
         training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in args)
         try:
-            result = measure_and_choose(self.programs, self.gm, args, training, self.baseline, self.candidate,
-                                        budget_s=self.budget_s, rewritten=self.rewritten,
-                                        memory_slack=self.memory_slack)
+            why = unsafe_to_time(self.gm, args)
+            if why:
+                result = GuardResult(self.candidate, {}, 1.0, 1.0, 1.0, 0,
+                                     reason=f"cannot time here: {why}; kept {self.candidate} as the optimizer "
+                                            f"predicted it faster")
+                log.info("optimus_eqsat: %s", result.reason)
+            else:
+                result = measure_and_choose(self.programs, self.gm, args, training, self.baseline, self.candidate,
+                                            budget_s=self.budget_s, rewritten=self.rewritten,
+                                            memory_slack=self.memory_slack, layout=self.layout)
         except Exception as exc:  # never fail the user's step over a measurement
             log.warning("optimus_eqsat: could not time the programs (%s: %s); keeping the original",
                         type(exc).__name__, str(exc).strip().splitlines()[:1])
             self.on_result(exc)
-            if isinstance(self.programs[self.baseline], Deferred):
-                self.programs[self.baseline] = self.programs[self.baseline]()
-            return self.baseline
+            kept = self.baseline if self.layout is None else self.candidate  # (later pieces expect its layout)
+            if isinstance(self.programs[kept], Deferred):
+                try:
+                    self.programs[kept] = self.programs[kept]()
+                except Exception as again:
+                    if kept == self.candidate:
+                        raise
+                    log.warning("optimus_eqsat: could not compile the original (%s); keeping the optimized",
+                                first_line(again))
+                    return self.candidate
+            return kept
         self.on_result(result)
         return result.kept
 
@@ -310,7 +442,8 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
                        example_inputs: Sequence[Any], training: bool, baseline: str = "original",
                        candidate: str = "optimized", budget_s: float = 1.0, margin: float = 0.01,
                        rewritten: Callable[[bool], bool] | None = None,
-                       memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
+                       memory_slack: tuple[float, int] = MEMORY_SLACK,
+                       layout: list[Any] | None = None) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
     choose between ``baseline`` and ``candidate``; any further program in ``programs`` is a
     fallback, compiled and timed only when ``candidate`` is not kept (the fastest of them
@@ -323,8 +456,11 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
     With ``rewritten``, one step of the candidate runs first (compiling what it compiles
     lazily: a training step's backward, where the post-grad pass runs); if
     ``rewritten(training)`` then says no pass changed the candidate, it is the baseline's
-    own program: kept untimed, and a deferred baseline is never compiled."""
-    inputs = timing_inputs(example_inputs, mutated_placeholders(gm))
+    own program: kept untimed, and a deferred baseline is never compiled.
+
+    With ``layout`` (the output shapes and strides programs compiled after this one were
+    compiled for), a program whose outputs are laid out otherwise is not kept."""
+    inputs = timing_inputs(example_inputs, mutated_placeholders(gm), training)
     before = input_versions(example_inputs)
     start = time.perf_counter()
     cpu_rng = torch.get_rng_state()
@@ -337,17 +473,23 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
                 # (no timing_s: that step was mostly the backward's compile, which any compile pays)
                 return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
                                    reason="no pass rewrote the graph, so the program is the original, compiled once")
-        rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s)
+        layouts: dict[str, list[Any]] = {}
+        rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s,
+                                       layouts)
         result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
         fallbacks = [name for name, p in programs.items() if name not in (baseline, candidate)
                      and (not isinstance(p, Deferred) or p.wanted())]
         if result.kept == baseline and fallbacks:
-            more, more_peaks = _time_programs(programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s)
+            more, more_peaks = _time_programs(programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s,
+                                              layouts)
             second = choose_among(more, baseline, fallbacks, margin, more_peaks, resident_bytes(inputs), memory_slack)
             # every program's time and peak in the report (the baseline's from the first rounds)
             step_s = {**second.step_s, **result.step_s}
             result = second if second.kept != baseline else result
             result.step_s, result.peak_bytes = step_s, {**more_peaks, **peaks}
+        if layout is not None and result.kept != candidate and layouts.get(result.kept) != [layout]:
+            result.kept, result.reason = candidate, (f"{result.reason}, but {result.kept}'s outputs are laid out "
+                                                     f"otherwise than the programs compiled after it expect")
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
@@ -359,17 +501,21 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
 
 
 def _time_programs(programs: dict[str, Program | Deferred], names: Sequence[str], inputs: Sequence[Any],
-                   training: bool, budget_s: float, compile_s: dict[str, float]
-                   ) -> tuple[dict[str, list[float]], dict[str, int]]:
+                   training: bool, budget_s: float, compile_s: dict[str, float],
+                   layouts: dict[str, list[Any]] | None = None) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Interleaved rounds and step peaks of ``programs[names]``, compiling any still
-    :class:`Deferred` (its compile time goes to ``compile_s``)."""
+    :class:`Deferred` (its compile time goes to ``compile_s``); ``layouts`` (optional)
+    receives each program's output layout."""
     for name in names:
         program = programs[name]
         if isinstance(program, Deferred):
             programs[name], compile_s[name] = program(), program.compile_s
-    steps = {name: step_function(programs[name], inputs, training) for name in names}
+    seen: dict[str, list[Any]] = {name: [] for name in names}
+    steps = {name: step_function(programs[name], inputs, training, seen[name]) for name in names}
     rounds = time_interleaved(steps, budget_s=budget_s)
     on_cuda = _on_cuda(inputs)
     peaks = {name: step_peak_bytes(step, on_cuda) + getattr(programs[name], "held_bytes", 0)
              for name, step in steps.items()}
+    if layouts is not None:
+        layouts.update(seen)
     return rounds, peaks

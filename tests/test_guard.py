@@ -187,7 +187,7 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
         return gm
 
     def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s, rewritten,
-                     memory_slack):
+                     memory_slack, layout):
         # the pre-grad pass changed the graph: both compiled at once, nothing to ask
         assert set(programs) == {"original", "optimized"} and not training and rewritten is None
         assert memory_slack == guard_module.MEMORY_SLACK
@@ -341,3 +341,111 @@ def test_a_fallback_candidate_is_compiled_only_when_the_first_is_not_kept():
                                "masked": Deferred(compile_fallback, wanted=lambda: False)},
                               gm, [torch.ones(2)], training=False, budget_s=0.0)
     assert compiles == ["masked"] and same.kept == "original" and "masked" not in same.step_s
+
+
+def test_a_call_on_fake_tensors_runs_the_candidate_and_defers_the_choice():
+    """Dynamo's DDPOptimizer runs each compiled piece once on fake tensors while it compiles:
+    nothing is timed there; the first real call decides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from optimus_eqsat.guard import compile_time_call
+
+    calls, results = [], []
+    original = lambda x: (calls.append("original"), x + 1)[1]  # noqa: E731
+    optimized = lambda x: (calls.append("optimized"), x + 1)[1]  # noqa: E731
+    choice = FirstCallChoice({"original": original, "optimized": optimized}, torch.fx.symbolic_trace(lambda x: x + 1),
+                             0.0, results.append)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.ones(2, 3))
+        assert compile_time_call([fake])
+        out = choice(fake)
+    assert out.shape == (2, 3) and choice.chosen is None and not results
+    assert sorted(calls) == ["optimized", "original"]  # each compiled program spends a fake first call
+    assert choice.layout == [((2, 3), (3, 1))]
+    assert not compile_time_call([torch.ones(2)])
+    assert torch.equal(choice(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+    assert choice.chosen is not None and results[0].rounds > 0  # timed on the real call
+
+
+def test_training_is_timed_on_detached_inputs_so_no_hook_of_the_user_fires():
+    """FSDP2 and DDP hook module inputs and parameters: a backward reaching them in the middle
+    of the user's forward frees FSDP2's unsharded parameters."""
+    w = torch.randn(4, 4, requires_grad=True)
+    fired = []
+    w.register_hook(lambda g: fired.append("parameter"))
+    x = torch.randn(2, 4, requires_grad=True)
+    activation = x * 2  # an input that is an activation of the user's graph
+    activation.register_hook(lambda g: fired.append("activation"))
+    x.register_hook(lambda g: fired.append("upstream"))
+    f = lambda a, w: torch.relu(a @ w)  # noqa: E731
+    gm = torch.fx.symbolic_trace(f)
+    result = measure_and_choose({"original": f, "optimized": f}, gm, [activation, w], training=True, budget_s=0.0)
+    assert result.rounds > 0 and not fired and w.grad is None and x.grad is None
+
+
+@pytest.mark.parametrize("case", ["collective", "list", "subclass"])
+def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case):
+    import optimus_eqsat.guard as guard_module
+    from optimus_eqsat.guard import has_collectives, unsafe_to_time
+
+    def no_timing(*_args, **_kwargs):
+        raise AssertionError("nothing to time")
+
+    monkeypatch.setattr(guard_module, "measure_and_choose", no_timing)
+    if case == "collective":
+        gm = torch.fx.symbolic_trace(lambda x: x + 1)
+        node = next(n for n in gm.graph.nodes if n.op == "call_function")
+        with gm.graph.inserting_after(node):
+            reduced = gm.graph.call_function(torch.ops._c10d_functional.all_reduce.default, (node, "sum", "0"))
+        node.replace_all_uses_with(reduced, delete_user_cb=lambda user: user is not reduced)
+        assert has_collectives(gm)
+        args: list = [torch.ones(2)]
+    elif case == "list":  # compiled autograd's boxed inputs: a program empties the list
+        gm = torch.fx.symbolic_trace(lambda inputs: inputs[0] + 1)
+        args = [[torch.ones(2)]]
+    else:
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        gm = torch.fx.symbolic_trace(lambda x: x + 1)
+        args = [TwoTensor(torch.ones(2), torch.ones(2))]
+    assert unsafe_to_time(gm, args)
+    results = []
+    choice = FirstCallChoice({"original": Deferred(lambda: gm), "optimized": lambda *a: "ran"}, gm, 0.0,
+                             results.append)
+    assert choice(*args) == "ran"
+    assert results[0].kept == "optimized" and results[0].rounds == 0
+    assert results[0].summary().startswith("not timed: cannot time here")
+    assert not has_collectives(torch.fx.symbolic_trace(lambda x: x + 1))
+
+
+def test_a_program_laid_out_otherwise_than_the_fake_call_returned_is_not_kept():
+    """Programs compiled after a piece (DDPOptimizer's next pieces) expect the layout its
+    fake call returned: the candidate's."""
+    slow = lambda x: (time.sleep(0.01), x.t().contiguous().t() + 1)[1]  # noqa: E731  column-major
+    original = lambda x: x + 1  # noqa: E731
+    gm = torch.fx.symbolic_trace(original)
+    x = torch.ones(3, 4)
+    result = measure_and_choose({"original": original, "optimized": slow}, gm, [x], training=False, budget_s=0.0,
+                                layout=[((3, 4), (1, 3))])
+    assert result.kept == "optimized" and "laid out otherwise" in result.reason
+    same = measure_and_choose({"original": original, "optimized": slow}, gm, [x], training=False, budget_s=0.0,
+                              layout=[((3, 4), (4, 1))])
+    assert same.kept == "original"
+
+
+def test_compiled_autograd_is_off_while_the_backward_is_timed():
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    compiled = []
+
+    def compiler(gm):
+        compiled.append(gm)
+        return torch.compile(gm, backend="eager")
+
+    w = torch.randn(4, 4, requires_grad=True)
+    f = lambda x, w: (x @ w).relu()  # noqa: E731
+    with compiled_autograd._enable(compiler):
+        step_function(f, [torch.randn(2, 4), w.detach().requires_grad_()], training=True)()
+        assert not compiled
+        f(torch.randn(2, 4), w).sum().backward()  # (the context does capture an ordinary backward)
+    assert compiled
