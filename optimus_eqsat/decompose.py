@@ -24,18 +24,37 @@ inference the scale is parameter-only work (built once by the parameter cache,
 folded under freezing), and Inductor fuses the rest into one pointwise kernel,
 as its own batch-norm decomposition does. Only inputs of rank 2 (batch, channels)
 are decomposed: there every statistic broadcasts over the last dim as it is, and
-the new nodes' meta is their input's (same shape and dtype). Training-mode batch
-norms (batch statistics, running statistics written in place) stay as they are.
+the new nodes' meta is their input's (same shape and dtype).
+
+**Training-mode batch norms.** In training a batch norm normalizes with the batch's
+statistics and updates its running ones in place. Written as what it computes::
+
+    var, mean = var_mean(x, dims, correction=0, keepdim=True)    # dims: all but channels
+    y = (x - mean) * rsqrt(var + eps) * weight + bias
+    running_mean.lerp_(mean.detach(), momentum)                  # as eager updates them:
+    running_var.lerp_(var.detach() * n / (n - 1), momentum)      # the unbiased variance
+
+the normalization is pure ops the optimizer batches across experts (the variance and
+mean of a stack of members is one reduction), and each update is an in-place write of
+that norm's own statistics, ordered only against other accesses to them
+(translate.py's effects), so norms of different experts never wall each other off.
+Inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static sizes, a
+constant momentum and eps, and statistics and affine parameters of the input's dtype are
+decomposed; ``num_batches_tracked`` is a separate ``add_`` in Dynamo's graphs, left as
+it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from typing import Any
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .dropout_draws import keeps_rng_order, share_dropout_draws, shared_draw_groups
 from .fx_graphs import copy_module
 from .fxvocab import ALIASING_OPS, canonical_name
 from .fxvocab.meta import _META_KEYS, meta_value
@@ -52,6 +71,43 @@ def _bound(node: torch.fx.Node) -> dict[str, Any] | None:
         return None
     args = {**_DEFAULTS, **dict(zip(_SIGNATURE, node.args)), **node.kwargs}
     return args if set(args) <= set(_SIGNATURE) else None
+
+
+def _training_decomposable(node: torch.fx.Node) -> dict[str, Any] | None:
+    """The arguments of a training-mode batch norm of a rank-2 or rank-3 tensor of static
+    shape (more than one value per channel) with constant momentum and eps, whose running
+    statistics (if any) and affine parameters are tensors of one channel each in its dtype;
+    or None."""
+    args = _bound(node)
+    if args is None or args["training"] is not True:
+        return None
+    if not isinstance(args["eps"], (int, float)) or not isinstance(args["momentum"], (int, float)):
+        return None
+    out = _shape_dtype(node)
+    if out is None or len(out[0]) not in (2, 3) or not all(isinstance(d, int) for d in out[0]):
+        return None
+    shape, dtype = out
+    if _per_channel_count(shape) < 2:  # eager raises on one value per channel
+        return None
+    stats = (args["running_mean"], args["running_var"])
+    if (stats[0] is None) != (stats[1] is None):
+        return None
+    for name in ("running_mean", "running_var", "weight", "bias"):
+        value = args[name]
+        if value is None:
+            continue
+        stat = _shape_dtype(value) if isinstance(value, torch.fx.Node) else None
+        if stat != ((shape[1],), dtype):
+            return None
+    return args
+
+
+def _per_channel_count(shape: tuple[int, ...]) -> int:
+    """Values a batch norm's statistics of one channel are computed over."""
+    count = shape[0]
+    for size in shape[2:]:
+        count *= size
+    return count
 
 
 def _decomposable(node: torch.fx.Node) -> dict[str, Any] | None:
@@ -89,13 +145,18 @@ def _like(new: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node:
 
 
 def before_translation(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` itself when neither rewrite applies, else a new GraphModule (sharing ``gm``'s
-    parameters and submodules) with private in-place ops made out-of-place and eval-mode
-    batch norms decomposed (see the module docstring). ``gm`` is never changed."""
+    """``gm`` itself when no rewrite applies, else a new GraphModule (sharing ``gm``'s
+    parameters and submodules) with private in-place ops made out-of-place, batch norms
+    decomposed (see the module docstring) and dropouts of one shape sharing their random
+    draws (:mod:`.dropout_draws`). ``gm`` is never changed."""
     nodes = list(gm.graph.nodes)
-    if not any(_private_inplace(gm, n) is not None or _decomposable(n) for n in nodes):
+    share_draws = not keeps_rng_order() and bool(shared_draw_groups(gm))
+    if not share_draws and not any(_private_inplace(gm, n) is not None or _decomposable(n)
+                                   or _training_decomposable(n) for n in nodes):
         return gm
     out = copy_module(gm)
+    if share_draws:
+        share_dropout_draws(out)
     for node in list(out.graph.nodes):
         rewrite = _private_inplace(out, node)
         if rewrite is not None:
@@ -104,6 +165,8 @@ def before_translation(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         args = _decomposable(node)
         if args is not None:
             _decompose_batch_norm(out.graph, node, args)
+        elif (args := _training_decomposable(node)) is not None:
+            _decompose_training_batch_norm(out.graph, node, args)
     out.graph.lint()
     out.recompile()
     return out
@@ -173,3 +236,71 @@ def _decompose_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict
             y = _like(graph.call_function(torch.add, (y, args["bias"])), node)
     node.replace_all_uses_with(y)
     graph.erase_node(node)
+
+
+def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]) -> None:
+    """Replace a training-mode batch norm by its normalization and the in-place updates of its
+    running statistics (see the module docstring)."""
+    x = args["input"]
+    shape = _shape_dtype(node)[0]
+    channels, count = shape[1], _per_channel_count(shape)
+    dims = [0, *range(2, len(shape))]
+    stat_shape = (1, channels, *[1] * (len(shape) - 2))
+
+    def call(target: Any, *operands: Any, method: bool = False, **kwargs: Any) -> torch.fx.Node:
+        new = (graph.call_method if method else graph.call_function)(target, operands, kwargs)
+        return _computed(new)
+
+    with graph.inserting_before(node):
+        moments = call(torch.var_mean, x, dims, correction=0, keepdim=True)
+        var, mean = call(operator.getitem, moments, 0), call(operator.getitem, moments, 1)
+        y = call(torch.mul, call(torch.sub, x, mean), call(torch.rsqrt, call(torch.add, var, float(args["eps"]))))
+        if args["weight"] is not None:
+            y = call(torch.mul, y, call("reshape", args["weight"], stat_shape, method=True))
+        if args["bias"] is not None:
+            y = call(torch.add, y, call("reshape", args["bias"], stat_shape, method=True))
+        if args["running_mean"] is not None:
+            momentum = float(args["momentum"])
+            batch_mean = call("reshape", call("detach", mean, method=True), channels, method=True)
+            batch_var = call("reshape", call("detach", var, method=True), channels, method=True)
+            unbiased = call(torch.mul, batch_var, count / (count - 1))
+            for stat, value in ((args["running_mean"], batch_mean), (args["running_var"], unbiased)):
+                call("lerp_", stat, value, momentum, method=True)
+    for key in _META_KEYS:  # the norm's own meta is the result's
+        if key in node.meta:
+            y.meta[key] = node.meta[key]
+    node.replace_all_uses_with(y)
+    graph.erase_node(node)
+
+
+def _computed(node: torch.fx.Node) -> torch.fx.Node:
+    """``node`` with the meta its arguments' meta imply: its op run on their fake values (in
+    their fake mode), or on meta-device tensors of their shapes where they hold real ones.
+    Nothing is set where an argument has no such meta (the translator then runs the graph)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for key in ("val", "example_value"):
+        values: list[Any] = []
+        known = True
+
+        def value_of(a: torch.fx.Node) -> Any:
+            nonlocal known
+            v = a.meta.get(key)
+            known = known and isinstance(v, (torch.Tensor, tuple))
+            return v
+
+        args = torch.fx.node.map_arg(node.args, value_of)
+        kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
+        if not known:
+            continue
+        torch.fx.node.map_arg((node.args, node.kwargs), lambda a: values.append(a.meta[key]))
+        leaves = torch.utils._pytree.tree_leaves(values)
+        mode = next((v.fake_mode for v in leaves if isinstance(v, FakeTensor)), None)
+        if mode is None:
+            to_meta = lambda v: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") \
+                if isinstance(v, torch.Tensor) else v
+            args, kwargs = torch.utils._pytree.tree_map(to_meta, (args, kwargs))
+        fn = getattr(torch.Tensor, node.target) if node.op == "call_method" else node.target
+        with mode if mode is not None else contextlib.nullcontext(), torch.no_grad():
+            node.meta[key] = fn(*args, **kwargs)
+    return node

@@ -105,7 +105,7 @@ def packable_work(gm: fx.GraphModule, example_inputs: Sequence[Any],
     values = parameter_values(gm, example_inputs) if values is None else values
     # Work on memory the graph writes is not cached: a cached value would miss the writes
     # (a parameter updated in place in the forward, a stack the graph then adds into).
-    written, _ = written_memory(gm, list(gm.graph.nodes))
+    written = written_memory(gm, list(gm.graph.nodes)).tainted
     unsafe = written | {u for n in written for u in n.users}
     values = {n: v for n, v in values.items() if n not in unsafe}
     params = {n for n in values if n.op == "placeholder"}

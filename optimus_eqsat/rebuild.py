@@ -1,8 +1,9 @@
 """Chosen program -> FX GraphModule, built iteratively (graphs are 100,000 deep).
 
 Placeholders come first, in their original order. Ordered nodes (side effects,
-mutation) are copied verbatim in their original order; everything else is
-emitted on demand, before its first user, so dead terms vanish. A node that
+mutation) are copied verbatim, each after the effects it must follow
+(``Translation.effect_deps``: earlier effects on the same memory); everything else
+is emitted on demand, before its first user, so dead terms vanish. A node that
 computes the same e-class as an original node takes that node's name and meta
 (same class, same value).
 """
@@ -71,7 +72,6 @@ class Rebuilder:
         self.ordered = sorted(i for i in t.ordered if i in t.copied)
         self.ordered_set = set(self.ordered)
         self.next_ordered = 0
-        self.last_ordered = -1  # the last side effect emitted
         self.aliases_input: set[torch.fx.Node] = set()
         # New nodes get names no original node has. Left to torch.fx, a new "add" after a
         # copied "add_5" counts up from 5 past every name already used (a counter the
@@ -118,7 +118,7 @@ class Rebuilder:
         return aliases
 
     def _materialize_ordered(self, upto: int) -> None:
-        """Copy ordered nodes with index < upto, in order."""
+        """Copy ordered nodes with index < upto (each after what it waits for)."""
         while self.next_ordered < len(self.ordered) and self.ordered[self.next_ordered] < upto:
             i = self.ordered[self.next_ordered]
             self.next_ordered += 1
@@ -191,11 +191,12 @@ class Rebuilder:
         kind, key = task
         if kind == "orig":
             node = self.t.nodes[key]
-            if key in self.t.ordered and key in self.t.copied:
-                self._materialize_ordered(key)  # earlier side effects first
             if node.op in ("placeholder", "get_attr"):
                 return []
-            return [self._task_for_original(self.t.index[a]) for a in node.all_input_nodes]
+            deps = [self._task_for_original(self.t.index[a]) for a in node.all_input_nodes]
+            if key in self.ordered_set:  # earlier effects on the same memory first
+                deps += [("orig", d) for d in self.t.effect_deps.get(key, ()) if d in self.ordered_set]
+            return deps
         node = self._chosen(key)
         if node.ctor == "Leaf":
             return [] if node.args[0] in self.t.param_leaves else [("orig", node.args[0])]
@@ -231,12 +232,6 @@ class Rebuilder:
     def _emit(self, task: tuple[str, int]) -> None:
         kind, key = task
         if kind == "orig":
-            if key in self.ordered_set:
-                # Side effects keep their order; a program that needs a later one's
-                # value first cannot be written in that order (never emit it reordered).
-                if key < self.last_ordered:
-                    raise RebuildError(f"side effect {self.t.nodes[key].name} would follow a later one")
-                self.last_ordered = key
             self._copy_original(key)
             return
         new = self._emit_term(self._chosen(key))

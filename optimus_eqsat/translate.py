@@ -8,8 +8,19 @@ are Slice terms that the getitem users take.
 
 Mutation: a value that is mutated (in place ops, ``out=``, setitem), everything
 that aliases it (views, unknown ops) and every reader of those is opaque and
-*ordered*: the rebuilder emits ordered nodes in their original order. Random
-and unknown ops are ordered too, so side effects keep their order.
+*ordered*. Ordering is by effects, not one total order: each ordered node has a
+footprint (:func:`effect_footprints`), the memory it reads or writes (one key per
+set of aliasing values), ``EVERYTHING`` for an unknown op, ``RNG`` for a random op
+when the user asked Inductor for eager's random stream (``fallback_random``). Two
+ordered nodes keep their order only when their footprints meet
+(``Translation.effect_deps``); a training batch norm's statistics and a dropout
+elsewhere in the graph do not wall anything off.
+
+Random ops: Inductor does not reproduce eager's random stream (unless
+``torch._inductor.config.fallback_random``), so the optimizer promises the same
+distribution with independent draws, not the same numbers: random ops are opaque
+but unordered. Under ``fallback_random`` they keep their order among themselves
+(and against unknown ops), so eager's stream is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
 import torch
 import torch.fx
 
@@ -38,6 +50,7 @@ from .fxvocab.mutation import (  # noqa: F401
     running_stats_written,
     written_inputs,
 )
+from .dropout_draws import keeps_rng_order
 from .fxvocab.symbolic import SymbolicSizes
 from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
 from .opspec import OpRegistry, OpSpec, Slot
@@ -80,6 +93,8 @@ class Translation:
     dtypes: dict[int, torch.dtype] = field(default_factory=dict)
     param_leaves: dict[int, str] = field(default_factory=dict)  # synthetic leaf id -> parameter path
     ordered: set[int] = field(default_factory=set)
+    # ordered node id -> the ordered nodes before it whose footprints meet its own (its only order)
+    effect_deps: dict[int, tuple[int, ...]] = field(default_factory=dict)
     opaque_reasons: dict[int, str] = field(default_factory=dict)
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
@@ -105,18 +120,42 @@ class Translation:
 
 def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
     """(nodes that must stay opaque, nodes whose relative order must be kept)."""
-    tainted, mutating = written_memory(gm, nodes)
-    readers = {u for n in tainted for u in n.users}
-    forced = {n for n in tainted | readers if n.op not in ("placeholder", "get_attr", "output")}
-    return forced, forced | mutating
+    memory = written_memory(gm, nodes)
+    forced = memory.accesses()
+    return forced, forced | memory.mutating
 
 
-def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
-    """(the values whose memory the graph may write: the mutated tensors, the views of them
-    and what they are views of, placeholders included; the mutating nodes)."""
+#: Footprint keys of effects that are not memory a graph names.
+EVERYTHING = "*"  # an unknown op: it may touch any memory, and draw random numbers
+RNG = "rng"  # the random stream, under fallback_random
+
+
+@dataclass
+class WrittenMemory:
+    """What a graph writes: the mutating nodes, the values whose memory they may write (the
+    written tensors, the views of them and what they are views of, placeholders included),
+    and which of those share memory (``root``: one representative per set of aliasing values)."""
+
+    mutating: set[torch.fx.Node] = field(default_factory=set)
+    tainted: set[torch.fx.Node] = field(default_factory=set)
+    root: dict[torch.fx.Node, torch.fx.Node] = field(default_factory=dict)
+
+    def accesses(self) -> set[torch.fx.Node]:
+        """The call nodes that read or write written memory (they stay opaque and ordered)."""
+        readers = {u for n in self.tainted for u in n.users}
+        return {n for n in self.tainted | readers if n.op not in ("placeholder", "get_attr", "output")}
+
+    def footprint(self, node: torch.fx.Node, gm: torch.fx.GraphModule) -> set[Any]:
+        """Keys of the written memory ``node`` reads or writes."""
+        touched = [node, *node.all_input_nodes, *written_inputs(gm, node)]
+        return {self.root[m] for m in touched if m in self.root}
+
+
+def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> WrittenMemory:
+    """The memory the graph may write (:class:`WrittenMemory`)."""
     mutating = {n for n in nodes if n.op in ("call_function", "call_method", "call_module") and is_mutating(gm, n)}
     if not mutating:
-        return set(), set()
+        return WrittenMemory()
 
     def aliasing(n: torch.fx.Node) -> bool:  # unknown ops may alias too
         name = canonical_name(n)
@@ -124,17 +163,90 @@ def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tupl
         return n.op == "call_module" or name is None or name in ALIASING_OPS \
             or (n in mutating and not running_stats_written(n))
 
+    def aliased_inputs(n: torch.fx.Node) -> list[torch.fx.Node]:
+        # a known in-place op returns what it writes (``x.add_(y)`` is ``x``, never ``y``)
+        if n in mutating and n.op != "call_module" and canonical_name(n) is not None:
+            return written_inputs(gm, n)
+        return n.all_input_nodes
+
     tainted: set[torch.fx.Node] = set()
+    memory = nx.Graph()  # tainted values, joined where one may alias the other
     work = [w for n in mutating for w in written_inputs(gm, n)] + [n for n in mutating if aliasing(n)]
     while work:
         n = work.pop()
         if n in tainted:
             continue
         tainted.add(n)
+        memory.add_node(n)
         if aliasing(n):  # the base of a view is written through the view
-            work.extend(a for a in n.all_input_nodes if a not in tainted)
-        work.extend(u for u in n.users if aliasing(u) and u not in tainted)
-    return tainted, mutating
+            bases = aliased_inputs(n)
+            work.extend(a for a in bases if a not in tainted)
+            memory.add_edges_from((n, a) for a in bases)
+        aliases = [u for u in n.users if aliasing(u)]
+        work.extend(u for u in aliases if u not in tainted)
+        memory.add_edges_from((n, u) for u in aliases)
+    root = {n: min(part, key=lambda m: m.name) for part in nx.connected_components(memory) for n in part}
+    return WrittenMemory(mutating, tainted, root)
+
+
+def effect_footprints(gm: torch.fx.GraphModule, ordered: list[torch.fx.Node], memory: WrittenMemory,
+                      keep_rng_order: bool) -> dict[torch.fx.Node, set[Any]]:
+    """What each ordered node touches: the keys of the written memory it reads or writes,
+    :data:`EVERYTHING` for an unknown op, :data:`RNG` for a random op when ``keep_rng_order``."""
+    footprints = {}
+    for node in ordered:
+        keys = memory.footprint(node, gm)
+        if _unknown(gm, node):
+            keys.add(EVERYTHING)
+        elif keep_rng_order and _random(gm, node):
+            keys.add(RNG)
+        footprints[node] = keys
+    return footprints
+
+
+def effect_edges(ordered: list[torch.fx.Node], footprints: dict[torch.fx.Node, set[Any]]
+                 ) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each ordered node (in graph order), the latest earlier ordered nodes whose
+    footprints meet its own: the only order the rebuilt program must keep (transitively,
+    every earlier effect on the same memory)."""
+    position = {n: k for k, n in enumerate(ordered)}
+    last: dict[Any, torch.fx.Node] = {}
+    last_everything: torch.fx.Node | None = None
+    deps: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in ordered:
+        keys = footprints[node]
+        if EVERYTHING in keys:
+            before = set(last.values())
+            last, last_everything = {}, node
+        else:
+            before = {last[k] for k in keys if k in last}
+            last.update((k, node) for k in keys)
+        if last_everything is not None and last_everything is not node:
+            before.add(last_everything)
+        deps[node] = sorted(before, key=position.__getitem__)
+    return deps
+
+
+def _unknown(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """An op whose effects nothing here knows (an unknown function or module)."""
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(node.target))) not in MODULE_OPS
+    return node.op in ("call_function", "call_method") and canonical_name(node) is None
+
+
+def _random(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A random op: it draws from the random stream (dropout in training included)."""
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        return isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training and module.p > 0
+    name = canonical_name(node)
+    if name in RANDOM_OPS:
+        return True
+    if name in ("dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"):
+        training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+        p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+        return training is not False and p != 0
+    return False
 
 
 # ---------------------------------------------------------------- translator
@@ -237,7 +349,10 @@ class Translator:
 
     # -- translation
     def run(self) -> Translation:
-        forced, ordered = ordered_nodes(self.gm, self.nodes)
+        memory = written_memory(self.gm, self.nodes)
+        forced = memory.accesses()
+        ordered = forced | memory.mutating
+        keep_rng_order = keeps_rng_order()
         t = self.t
         for i, node in enumerate(self.nodes):
             self.node = node
@@ -251,12 +366,21 @@ class Translator:
                 try:
                     self._call(i, node)
                 except Impure as exc:
-                    self._opaque(i, str(exc), ordered=True)
+                    self._opaque(i, str(exc), ordered=keep_rng_order)
                 except Unsupported as exc:
-                    self._opaque(i, str(exc), ordered=node in ordered or canonical_name(node) is None)
+                    self._opaque(i, str(exc), ordered=node in ordered or _unknown(self.gm, node)
+                                 or (keep_rng_order and _random(self.gm, node)))
+        self._order_effects(memory, keep_rng_order)
         self._collect_roots()
         t.next_id = len(self.nodes)
         return t
+
+    def _order_effects(self, memory: WrittenMemory, keep_rng_order: bool) -> None:
+        """``effect_deps`` of the ordered nodes: only those whose footprints meet keep their order."""
+        t = self.t
+        ordered = [self.nodes[i] for i in sorted(t.ordered)]
+        deps = effect_edges(ordered, effect_footprints(self.gm, ordered, memory, keep_rng_order))
+        t.effect_deps = {self.ids[n]: tuple(self.ids[d] for d in before) for n, before in deps.items()}
 
     def _emit(self, i: int, term: Term) -> None:
         if self._shape_disagrees(i, term):

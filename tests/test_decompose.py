@@ -73,8 +73,11 @@ def test_experts_train_with_their_gradients():
     seed = torch.randn_like(want)
     want.backward(seed)
     got.backward(seed)
+    # (the gradients of the biases before a norm are zero up to float noise: compared on the
+    # scale of the largest gradient)
+    scale = max(p.grad.abs().max().item() for p in model.parameters())
     for p, q in zip(model.parameters(), ours.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6 * scale)
     for p, q in zip(model.buffers(), ours.buffers()):  # running statistics updated alike
         torch.testing.assert_close(q, p)
 
@@ -143,7 +146,9 @@ def test_symbolic_trace_in_place_relu_module():
 
 
 def test_batch_norms_that_stay():
-    """Training mode, no running statistics, and inputs of rank 3 keep their batch norm."""
+    """An eval-mode norm of rank 3 keeps its batch norm; training-mode norms, with running
+    statistics or without (batch statistics alone), become their normalization and the
+    in-place updates of the statistics they have."""
 
     class Norms(nn.Module):
         def __init__(self):
@@ -156,6 +161,8 @@ def test_batch_norms_that_stay():
 
     model = Norms().eval()
     gm, _ = capture_dynamo_graph(model, (torch.randn(3, 4), torch.randn(3, 4, 5)))
-    assert before_translation(gm) is gm
+    targets = _targets(before_translation(gm))
+    assert targets.count(F.batch_norm) == 1 and "lerp_" not in targets  # the sequence's, in eval mode
     gm, _ = capture_dynamo_graph(Experts().train(), (torch.randn(3, 16),))
-    assert F.batch_norm in _targets(before_translation(gm))
+    targets = _targets(before_translation(gm))
+    assert F.batch_norm not in targets and targets.count("lerp_") == 2 * 8

@@ -44,7 +44,6 @@ Same-shaped linears whose stacks are free take the bmm.
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -88,20 +87,17 @@ def batch_facts(t: Translation, profile: Any = None, frozen: bool = False) -> Ba
     context = BatchContext(profile, frozen)
     keyed: dict[tuple, list[Candidate]] = defaultdict(list)
     kind_of: dict[tuple, BatchKind] = {}
-    # Side effects (in-place ops and what reads mutated memory) are rebuilt in their
-    # order; a group whose members sit between different side effects would make an
-    # earlier one wait for a later one's values. Members share the side effects before them.
-    side_effects = sorted(t.ordered)
+    # Side effects keep only the order of effects on the same memory (translate.py): groups
+    # need members independent in the data graph plus those edges (independent_groups).
     for i, term in t.terms.items():
         candidate = parse_candidate(i, term)
         if candidate is None:
             continue
-        segment = bisect.bisect_left(side_effects, i)
         for kind in KINDS:
             key = kind.key(t, candidate)
             if key is not None:
-                keyed[(kind.name, key, segment)].append(candidate)
-                kind_of[(kind.name, key, segment)] = kind
+                keyed[(kind.name, key)].append(candidate)
+                kind_of[(kind.name, key)] = kind
     keyed = {k: v for k, v in keyed.items() if len(v) >= MIN_GROUP}
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)

@@ -59,7 +59,8 @@ def independent_groups(t: Translation, keyed: Mapping[Hashable, list[Candidate]]
     (every group up to that one holds an ancestor: the greedy rule put that ancestor
     there because each earlier group held an ancestor of it; no later group holds
     one). So a candidate's group is 1 + the highest group among its same-key
-    ancestors, found in one pass in graph order (topological) carrying, per node, the
+    ancestors (through data and through the order of effects on one memory,
+    ``Translation.effect_deps``), found in one pass in graph order (topological) carrying, per node, the
     highest group per key among the candidates it depends on. Linear in the graph for
     a bounded number of keys; pairwise bitset tests were quadratic on chains (83 s on
     a 30,000-node chain of unary ops).
@@ -73,8 +74,10 @@ def independent_groups(t: Translation, keyed: Mapping[Hashable, list[Candidate]]
     empty: dict[Hashable, int] = {}
     highest: list[dict[Hashable, int]] = []  # per node: key -> highest group of a candidate it depends on or is
     groups: dict[Hashable, list[list[Candidate]]] = {key: [] for key in keyed}
+    effect_deps = t.effect_deps
     for i, node in enumerate(t.gm.graph.nodes):
         inputs = [highest[index[a]] for a in node.all_input_nodes]
+        inputs += [highest[d] for d in effect_deps.get(i, ())]  # an effect waits for those before it
         if not inputs:
             below = empty
         elif all(h is inputs[0] for h in inputs):
