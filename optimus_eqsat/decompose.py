@@ -35,19 +35,22 @@ statistics and updates its running ones in place. Written as what it computes::
     running_var.lerp_(var.detach() * n / (n - 1), momentum)      # the unbiased variance
 
 the normalization is pure ops the optimizer batches across experts (the variance and
-mean of a stack of members is one reduction), and each update is an in-place write of
-that norm's own statistics, ordered only against other accesses to them
-(translate.py's effects), so norms of different experts never wall each other off.
+mean of a stack of members is one reduction), and the updates are in-place writes of
+the norms' own statistics, ordered only against other accesses to them (translate.py's
+effects), so norms of different experts never wall each other off. The updates of
+all norms whose statistics nothing else reads are one ``torch._foreach_lerp_`` at the
+end of the graph, and their ``num_batches_tracked += 1`` one ``torch._foreach_add_``:
+one kernel each, wherever the optimizer computes the statistics.
 Inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static sizes, a
 constant momentum and eps, and statistics and affine parameters of the input's dtype are
-decomposed; ``num_batches_tracked`` is a separate ``add_`` in Dynamo's graphs, left as
-it is.
+decomposed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import operator
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -161,12 +164,25 @@ def before_translation(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         rewrite = _private_inplace(out, node)
         if rewrite is not None:
             rewrite()
+    updates: dict[tuple, list[tuple[torch.fx.Node, ...]]] = defaultdict(list)
     for node in list(out.graph.nodes):
         args = _decomposable(node)
         if args is not None:
             _decompose_batch_norm(out.graph, node, args)
         elif (args := _training_decomposable(node)) is not None:
-            _decompose_training_batch_norm(out.graph, node, args)
+            own = _own_statistics(node, args)
+            key = (float(args["momentum"]), _per_channel_count(_shape_dtype(node)[0]), _shape_dtype(node)[1])
+            batch_stats = _decompose_training_batch_norm(out.graph, node, args)
+            if batch_stats is None:
+                continue
+            stats = (args["running_mean"], args["running_var"])
+            if own:  # with every other norm's, at the end
+                updates[key].append((*stats, *batch_stats))
+            else:  # where the norm was: others read or write these statistics
+                _update_statistics_here(out.graph, key, stats, batch_stats)
+    _update_statistics(out.graph, updates)
+    for members in _counter_increments(out).values():
+        _increment_together(out.graph, members)
     out.graph.lint()
     out.recompile()
     return out
@@ -238,9 +254,11 @@ def _decompose_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict
     graph.erase_node(node)
 
 
-def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]) -> None:
-    """Replace a training-mode batch norm by its normalization and the in-place updates of its
-    running statistics (see the module docstring)."""
+def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]
+                                   ) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """Replace a training-mode batch norm by its normalization; the updates of its running
+    statistics it leaves to the caller: the batch's (mean, biased variance) per channel,
+    outside autograd (None without running statistics)."""
     x = args["input"]
     shape = _shape_dtype(node)[0]
     channels, count = shape[1], _per_channel_count(shape)
@@ -259,18 +277,74 @@ def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, a
             y = call(torch.mul, y, call("reshape", args["weight"], stat_shape, method=True))
         if args["bias"] is not None:
             y = call(torch.add, y, call("reshape", args["bias"], stat_shape, method=True))
+        batch_stats = None
         if args["running_mean"] is not None:
-            momentum = float(args["momentum"])
-            batch_mean = call("reshape", call("detach", mean, method=True), channels, method=True)
-            batch_var = call("reshape", call("detach", var, method=True), channels, method=True)
-            unbiased = call(torch.mul, batch_var, count / (count - 1))
-            for stat, value in ((args["running_mean"], batch_mean), (args["running_var"], unbiased)):
-                call("lerp_", stat, value, momentum, method=True)
+            batch_stats = tuple(call("reshape", call("detach", stat, method=True), channels, method=True)
+                                for stat in (mean, var))
     for key in _META_KEYS:  # the norm's own meta is the result's
         if key in node.meta:
             y.meta[key] = node.meta[key]
     node.replace_all_uses_with(y)
     graph.erase_node(node)
+    return batch_stats
+
+
+def _update_statistics(graph: torch.fx.Graph, updates: dict[tuple, list[tuple[torch.fx.Node, ...]]]) -> None:
+    """The running statistics' updates of every norm whose statistics nothing else reads, per
+    (momentum, values per channel, dtype), after every norm: ``stat *= 1 - momentum``, then
+    ``mean += momentum * batch_mean`` and ``var += momentum * n / (n - 1) * batch_var``, as
+    three foreach ops over all of them (Inductor runs them as one kernel, wherever the
+    optimizer computes the statistics: one batched reduction or one per norm; no op per
+    norm that batching would have to stack). Each statistic is read or written by its norm
+    alone (:func:`_own_statistics`), so moving its write past the other norms changes
+    nothing anyone reads."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    for (momentum, count, _), norms in updates.items():
+        means, variances = [n[0] for n in norms], [n[1] for n in norms]
+        with graph.inserting_before(output):
+            graph.call_function(torch._foreach_mul_, ([*means, *variances], 1.0 - momentum))
+            graph.call_function(torch._foreach_add_, (means, [n[2] for n in norms]), {"alpha": momentum})
+            graph.call_function(torch._foreach_add_, (variances, [n[3] for n in norms]),
+                                {"alpha": momentum * count / (count - 1)})
+
+
+def _update_statistics_here(graph: torch.fx.Graph, key: tuple, stats: tuple[torch.fx.Node, ...],
+                            batch_stats: tuple[torch.fx.Node, ...]) -> None:
+    """One norm's updates, right after its batch statistics (others read or write its running
+    statistics, so the writes keep their place)."""
+    momentum, count, _ = key
+    with graph.inserting_before(batch_stats[1].next):
+        graph.call_method("lerp_", (stats[0], batch_stats[0], momentum))
+        unbiased = graph.call_function(torch.mul, (batch_stats[1], count / (count - 1)))
+        graph.call_method("lerp_", (stats[1], unbiased, momentum))
+
+
+def _own_statistics(node: torch.fx.Node, args: dict[str, Any]) -> bool:
+    """Whether the norm is the only reader and writer of its running statistics."""
+    return all(isinstance(s, torch.fx.Node) and set(s.users) == {node}
+               for s in (args["running_mean"], args["running_var"]))
+
+
+def _counter_increments(gm: torch.fx.GraphModule) -> dict[Any, list[torch.fx.Node]]:
+    """``buffer.add_(c)`` nodes (a norm's ``num_batches_tracked += 1``) on graph inputs that
+    nothing else reads, whose result nothing reads, grouped by ``c``: groups of two or more."""
+    groups: dict[Any, list[torch.fx.Node]] = defaultdict(list)
+    for node in gm.graph.nodes:
+        if node.op != "call_method" or node.target != "add_" or len(node.args) != 2 or node.kwargs or node.users:
+            continue
+        buffer, step = node.args
+        if isinstance(buffer, torch.fx.Node) and buffer.op in ("placeholder", "get_attr") \
+                and set(buffer.users) == {node} and isinstance(step, (int, float)) and not isinstance(step, bool):
+            groups[(type(step), step)].append(node)
+    return {k: v for k, v in groups.items() if len(v) >= 2}
+
+
+def _increment_together(graph: torch.fx.Graph, members: list[torch.fx.Node]) -> None:
+    """One ``torch._foreach_add_`` in place of the members' ``add_`` (one kernel for all)."""
+    with graph.inserting_before(members[0]):
+        graph.call_function(torch._foreach_add_, ([m.args[0] for m in members], members[0].args[1]))
+    for m in members:
+        graph.erase_node(m)
 
 
 def _computed(node: torch.fx.Node) -> torch.fx.Node:

@@ -103,6 +103,21 @@ def _piece_of_saved_cat(node: torch.fx.Node, backward: set[torch.fx.Node]) -> tu
     return None
 
 
+def _depends_on(node: torch.fx.Node, ancestor: torch.fx.Node, position: dict[torch.fx.Node, int]) -> bool:
+    """Whether ``node`` reads ``ancestor``, directly or through other nodes (``position``: the
+    graph's order; nothing before ``ancestor`` can read it)."""
+    seen, work, first = set(), [node], position[ancestor]
+    while work:
+        n = work.pop()
+        if n is ancestor:
+            return True
+        for a in n.all_input_nodes:
+            if a not in seen and position.get(a, first) >= first:
+                seen.add(a)
+                work.append(a)
+    return False
+
+
 def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     """Marks-to-be: the forward nodes of a joint ``graph`` that compute a bool tensor from
     tensors the backward has anyway (see the module docstring): inputs of the graph, tensors
@@ -114,6 +129,7 @@ def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
         return []
     outputs = {arg for node in graph.nodes if node.op == "output" for arg in node.all_input_nodes}
     masks: list[torch.fx.Node] = []
+    position = {n: k for k, n in enumerate(graph.nodes)}  # (slices added below sit before their mask)
     for node in list(graph.nodes):
         value = _value(node)
         if (node.op != "call_function" or node in backward or node in outputs or _is_view(node)
@@ -124,8 +140,8 @@ def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
         sources = [arg for arg in node.all_input_nodes if isinstance(_value(arg), torch.Tensor)]
         pieces = {arg: _piece_of_saved_cat(arg, backward) for arg in sources
                   if arg not in masks and not _read_by_backward(arg, backward)}
-        if not sources or any(piece is None for piece in pieces.values()):
-            continue
+        if not sources or any(piece is None or _depends_on(piece[0], node, position) for piece in pieces.values()):
+            continue  # (a cat computed from the mask itself cannot be read to compute it)
         for arg, (cat, dim, start, end) in pieces.items():
             with graph.inserting_before(node):
                 piece = graph.call_function(torch.ops.aten.slice.Tensor, (cat, dim, start, end))
