@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
 from torch import nn
 
+from .fxvocab.names import canonical_name
 from .parameter_cache import packable_work
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ __all__ = ["StackedGroup", "planned_groups", "stack_groups", "stack_parameters",
 STACK_PREFIX = "_optimus_stack"
 
 # Per-instance attributes of a stacked member (kept in its __dict__, not registered).
-_SLOTS = "_optimus_slots"  # attribute name -> (module holding the stack, stack name, index)
+_SLOTS = "_optimus_slots"  # attribute name -> (module holding the stack, stack name, index, transposed)
 _ORDER = "_optimus_parameter_order"  # the member's parameter names before stacking
 _CLASS = "_optimus_original_class"
 # Per-instance attribute of an owner: stack name -> StackedGroup, and its hook handles.
@@ -58,12 +59,14 @@ _HANDLES = "_optimus_stack_hooks"
 class StackedGroup:
     """One stacked parameter: ``owner.name`` (``owner`` a module path, "" for the root)
     holds ``members`` (original parameter paths, in slot order) stacked along a new dim 0
-    (``kind="stack"``) or concatenated along dim 0 (``kind="cat"``)."""
+    (``kind="stack"``) or concatenated along dim 0 (``kind="cat"``). ``transposed``: the
+    stack holds each (2-D) member transposed, ``(n, b, a)`` for ``(a, b)`` members."""
 
     owner: str
     name: str
     members: tuple[str, ...]
     kind: str
+    transposed: bool = False  # the stack holds each member transposed (see _last_dims_swapped)
 
     @property
     def path(self) -> str:
@@ -115,10 +118,33 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
         value = dict(zip(placeholders, inputs))
         for pack in packable_work(program, inputs).packs:
             kind = getattr(pack.node.target, "__name__", str(pack.node.target))
+            if kind == "stack" and pack.node.users and all(map(_last_dims_swapped, pack.node.users)):
+                kind = "stack-t"
             paths = [names.get(id(value[p])) for p in pack.params]
             if None not in paths:
                 groups.append((kind, paths))
     return groups
+
+
+def _last_dims_swapped(node: fx.Node) -> bool:
+    """Whether ``node`` swaps the last two dims of its 3-D input (a batched linear reads its
+    stacked weights so: ``bmm(x, W.permute(0, 2, 1))``). The gradient of such a stack comes
+    out of the backward's ``bmm`` with those dims swapped in memory, and AccumulateGrad would
+    copy it into a new tensor of the stack's layout every step (time, and the stack's size
+    again at the step's peak). A stack of the members transposed, read as
+    ``stack.transpose(1, 2)[k]``, is what the program reads, so it takes its gradient as it comes."""
+    name = canonical_name(node)
+    args = [a for a in node.args[1:]] + list(node.kwargs.values())
+    flat = [d for a in args for d in (a if isinstance(a, (list, tuple)) else [a])]
+    value = node.args[0].meta.get("example_value", node.args[0].meta.get("val")) if node.args else None
+    ndim = getattr(value, "ndim", 3)
+    if ndim != 3:
+        return False
+    if name == "permute":
+        return [d % 3 for d in flat] == [0, 2, 1]
+    if name in ("transpose", "swapaxes", "swapdims"):
+        return sorted(d % 3 for d in flat) == [1, 2]
+    return False
 
 
 def _shared(model: nn.Module) -> set[str]:
@@ -145,8 +171,11 @@ def _slot_property(name: str) -> property:
     """A member's parameter ``name``, read as a view of its slot of its owner's stack."""
 
     def read(self: nn.Module) -> torch.Tensor:
-        owner, stack_name, index = self._optimus_slots[name]
-        return getattr(owner, stack_name)[index]
+        owner, stack_name, index, transposed = self._optimus_slots[name]
+        stack = getattr(owner, stack_name)
+        # (transposed as a whole, then sliced: a batched program's stack of the members is
+        # then a stack of slices of one tensor, which the e-graph folds to that tensor)
+        return stack.transpose(1, 2)[index] if transposed else stack[index]
 
     return property(read, doc=f"``{name}``: a view of its slot of a stacked parameter (optimus_eqsat.stacking)")
 
@@ -265,15 +294,19 @@ def _stack_group(model: nn.Module, kind: str, members: list[str]) -> StackedGrou
     owner_path = _common_parent(members)
     owner = model.get_submodule(owner_path)
     with torch.no_grad():
-        data = torch.stack([p.detach() for p in params]) if kind == "stack" else \
-            torch.cat([p.detach() for p in params])
+        if kind == "stack-t":  # (a, b) members as one (n, b, a) stack: each member a slot's transpose
+            data = torch.stack([p.detach().t() for p in params])
+        elif kind == "stack":
+            data = torch.stack([p.detach() for p in params])
+        else:
+            data = torch.cat([p.detach() for p in params])
     name = _stack_name(owner, members)
     owner.register_parameter(name, nn.Parameter(data, requires_grad=params[0].requires_grad))
     offset = 0
     for k, (path, p) in enumerate(zip(members, params)):
         module_path, attr = _split(path)
         module = model.get_submodule(module_path)
-        if kind == "stack":
+        if kind != "cat":
             index: Any = k
         else:
             index = slice(offset, offset + p.shape[0])
@@ -283,14 +316,14 @@ def _stack_group(model: nn.Module, kind: str, members: list[str]) -> StackedGrou
             state[_ORDER] = list(module._parameters)
             state[_SLOTS] = {}
             state[_CLASS] = type(module)
-        state[_SLOTS][attr] = (owner, name, index)
+        state[_SLOTS][attr] = (owner, name, index, kind == "stack-t")
         del module._parameters[attr]
         module.__class__ = _member_class(state[_CLASS], tuple(sorted(state[_SLOTS])))
     if _STACKS not in owner.__dict__:
         owner.__dict__[_STACKS] = {}
         owner.__dict__[_HANDLES] = [owner.register_state_dict_post_hook(_save_hook),
                                     owner.register_load_state_dict_post_hook(_load_post_hook)]
-    group = StackedGroup(owner_path, name, tuple(members), kind)
+    group = StackedGroup(owner_path, name, tuple(members), "cat" if kind == "cat" else "stack", kind == "stack-t")
     owner.__dict__[_STACKS][name] = group
     return group
 
@@ -303,7 +336,7 @@ def _groups_to_stack(model: nn.Module, planned: Sequence[tuple[str, Sequence[str
     names = dict(model.named_parameters())
     for kind, members in planned:
         members = list(members)
-        if kind not in ("stack", "cat") or len(members) < 2 or not all(m in names for m in members):
+        if kind not in ("stack", "stack-t", "cat") or len(members) < 2 or not all(m in names for m in members):
             continue
         params = [names[m] for m in members]
         first = params[0]
@@ -312,8 +345,8 @@ def _groups_to_stack(model: nn.Module, planned: Sequence[tuple[str, Sequence[str
                      ", ".join(members))
             continue
         if any(p.dtype != first.dtype or p.device != first.device or p.requires_grad != first.requires_grad
-               or (kind == "stack" and p.shape != first.shape) or p.shape[1:] != first.shape[1:]
-               or p.ndim == 0 for p in params):
+               or (kind != "cat" and p.shape != first.shape) or p.shape[1:] != first.shape[1:]
+               or p.ndim == 0 or (kind == "stack-t" and p.ndim != 2) for p in params):
             continue
         seen.update(members)
         yield kind, members
@@ -365,8 +398,9 @@ def stack_parameters(model: nn.Module, example_inputs: Sequence[Any] | torch.Ten
 
 def stack_groups(model: nn.Module, groups: Sequence[tuple[str, Sequence[str]]]) -> list[StackedGroup]:
     """Stack the given groups of ``model``'s parameters, in place: ``(kind, parameter paths)``
-    each, ``kind`` "stack" (same-shaped parameters along a new dim 0) or "cat" (along dim 0),
-    as :func:`planned_groups` gives them. A group holding a tied or aliased parameter, one
+    each, ``kind`` "stack" (same-shaped parameters along a new dim 0), "stack-t" (the same
+    for 2-D members, each transposed: the program reads them so) or "cat" (along dim 0), as
+    :func:`planned_groups` gives them. A group holding a tied or aliased parameter, one
     already stacked or in an earlier group, or parameters of different dtypes, devices,
     ``requires_grad`` or (trailing) shapes is left alone. Returns the groups stacked."""
     stacked = [_stack_group(model, kind, list(members)) for kind, members in _groups_to_stack(model, groups)]
@@ -380,8 +414,8 @@ def stacked_groups(model: nn.Module) -> list[StackedGroup]:
     out: list[StackedGroup] = []
     for path, module in model.named_modules():
         for group in module.__dict__.get(_STACKS, {}).values():
-            out.append(StackedGroup(path, group.name, tuple(_join(path, group.owner, m) for m in group.members),
-                                    group.kind) if path != group.owner else group)
+            out.append(replace(group, owner=path, members=tuple(_join(path, group.owner, m) for m in group.members))
+                       if path != group.owner else group)
     return out
 
 
@@ -401,9 +435,11 @@ def unstack_parameters(model: nn.Module) -> nn.Module:
         if _SLOTS not in state:
             continue
         values = {}
-        for attr, (owner, stack_name, index) in state[_SLOTS].items():
+        for attr, (owner, stack_name, index, transposed) in state[_SLOTS].items():
             stack = owner._parameters[stack_name]
-            values[attr] = nn.Parameter(stack.detach()[index].clone(), requires_grad=stack.requires_grad)
+            slot = stack.detach()[index]
+            values[attr] = nn.Parameter((slot.t() if transposed else slot).clone(memory_format=torch.contiguous_format),
+                                        requires_grad=stack.requires_grad)
         params = module._parameters
         restored = OrderedDict((n, values[n] if n in values else params[n]) for n in state[_ORDER]
                                if n in values or n in params)
