@@ -9,6 +9,14 @@ Seeds: ``OPTIMUS_FUZZ_SEEDS`` (default 200) spread over the flavours below.
 A failure's test id names flavour and seed; reproduce with
 ``random_graph(seed, **FLAVOURS[flavour])``.
 
+Training flavours: programs with training-mode batch norms (their running statistics,
+module buffers or a Dynamo graph's lifted buffer inputs, are compared after the step
+too: both programs start from the same state), dropouts and experts in
+``torch.utils.checkpoint`` regions (``tag_activation_checkpoint`` in Dynamo graphs).
+Every run is seeded alike (``RNG_SEED``), so a dropout of p=0 compares exactly and one
+of p>0 does under ``fallback_random=True``, where the optimizer must keep eager's
+random stream (``train_dropout`` optimizes under that setting).
+
 The harness is itself tested (``test_harness_*``) with an identity
 "optimizer" that must pass and broken ones that must be caught, so these
 tests mean something even before ``optimize_graph`` exists.
@@ -29,9 +37,9 @@ import torch.fx as fx
 import optimus_eqsat
 
 try:  # rootdir-relative import works whether or not tests/ is a package
-    from graphgen import GeneratedGraph, random_graph, single_thread
+    from graphgen import RNG_SEED, TRAIN_FAMILIES, GeneratedGraph, random_graph, single_thread
 except ImportError:  # pragma: no cover
-    from tests.graphgen import GeneratedGraph, random_graph, single_thread
+    from tests.graphgen import RNG_SEED, TRAIN_FAMILIES, GeneratedGraph, random_graph, single_thread
 
 optimize_graph = getattr(optimus_eqsat, "optimize_graph", None)
 
@@ -40,9 +48,9 @@ N_SEEDS = int(os.environ.get("OPTIMUS_FUZZ_SEEDS", "200"))
 # flavour -> (random_graph options, share of the seeds, pass example inputs?)
 # "meta" passes example_inputs=None: shapes must come from node.meta.
 FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
-    "plain": (dict(opaque=False, inplace=False), 0.25, True),
+    "plain": (dict(opaque=False, inplace=False), 0.20, True),
     "meta": (dict(opaque=False, inplace=False, with_meta=True), 0.15, False),
-    "opaque": (dict(opaque=True, inplace=False), 0.20, True),
+    "opaque": (dict(opaque=True, inplace=False), 0.16, True),
     "inplace": (dict(opaque=True, inplace=True), 0.20, True),
     "noparams": (dict(opaque=False, params=False), 0.15, True),
     "dynamo": (dict(opaque=True, inplace=True, dynamo=True), 0.02, True),  # ~0.6 s each to capture
@@ -50,7 +58,13 @@ FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
     "dynamic": (dict(opaque=False, inplace=False, dynamo=True, dynamic_batch=True), 0.02, True),
     "bf16": (dict(opaque=True, inplace=False, dtype=torch.bfloat16), 0.03, True),
     "fp16": (dict(opaque=False, inplace=False, dtype=torch.float16), 0.03, True),
+    # training: batch norms writing running statistics, dropouts of p=0, checkpointed experts
+    "train": (dict(opaque=False, inplace=False, train=True, checkpoint=True), 0.06, True),
+    # dropouts of p=0.25, optimized and compared under fallback_random
+    "train_dropout": (dict(opaque=False, inplace=False, train=True, dropout_p=0.25), 0.03, True),
+    "train_dynamo": (dict(opaque=False, inplace=False, train=True, checkpoint=True, dynamo=True), 0.02, True),
 }
+DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo")
 
 def _fuzz_options() -> dict[str, Any]:
     """Options for every fuzz call: raise instead of silently falling back, check
@@ -130,16 +144,21 @@ def _same(a: Any, b: Any) -> bool:
     return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
-def _leaves(inputs: Sequence[Any]) -> list[Any]:
-    return [t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t
-            for t in inputs]
+def _leaves(inputs: Sequence[Any], state: Sequence[int] = ()) -> list[Any]:
+    """Copies of the inputs, floats requiring grad except the ``state`` ones (buffers a run writes)."""
+    return [t.detach().clone().requires_grad_(t.is_floating_point() and i not in state) if isinstance(t, torch.Tensor)
+            else t for i, t in enumerate(inputs)]
 
 
 def _run(
-    mod: torch.nn.Module, inputs: Sequence[torch.Tensor], params: dict[str, torch.nn.Parameter], upstream: Optional[list]
+    mod: torch.nn.Module, inputs: Sequence[torch.Tensor], params: dict[str, torch.nn.Parameter], upstream: Optional[list],
+    state: Sequence[int] = (), buffers: Sequence[str] = (),
 ) -> tuple[list[torch.Tensor], list[Optional[torch.Tensor]], list[Optional[torch.Tensor]], list]:
-    """Outputs, grads w.r.t. float inputs and w.r.t. ``params`` (in that order)."""
-    ins = _leaves(inputs)
+    """Outputs, grads w.r.t. float inputs and w.r.t. ``params``, then the state after the step: the
+    ``state`` inputs and ``mod``'s buffers named ``buffers`` (None where it has none of that name), in
+    that order. The global generator is seeded with ``RNG_SEED`` first (dropouts draw alike)."""
+    ins = _leaves(inputs, state)
+    torch.manual_seed(RNG_SEED)
     outs = mod(*ins)
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
     if upstream is None:  # seeded random upstream gradient, one per output
@@ -152,7 +171,32 @@ def _run(
         grads = torch.autograd.grad([o for o, _ in diff], wrt, [u for _, u in diff], allow_unused=True)
     else:
         grads = (None,) * len(wrt)
-    return outs, list(grads[: len(float_ins)]), list(grads[len(float_ins):]), upstream
+    after = [_as_float(ins[i]) for i in state] + [_as_float(_buffer(mod, name)) for name in buffers]
+    return outs, list(grads[: len(float_ins)]), list(grads[len(float_ins):]) + after, upstream
+
+
+def _buffer(mod: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+    try:
+        return mod.get_buffer(name)
+    except AttributeError:
+        return None
+
+
+def _as_float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A copy of a state tensor to compare (a counter such as num_batches_tracked as a float)."""
+    if t is None:
+        return None
+    return t.detach().clone() if t.is_floating_point() else t.detach().double()
+
+
+def _reset_buffers(modules: Sequence[torch.nn.Module], initial: dict[str, torch.Tensor]) -> None:
+    """Every module's buffer of each name back to its value in ``initial`` (the programs may share them)."""
+    with torch.no_grad():
+        for mod in modules:
+            for name, value in initial.items():
+                buf = _buffer(mod, name)
+                if buf is not None and buf.shape == value.shape:
+                    buf.copy_(value)
 
 
 def _snapshot(gm: fx.GraphModule) -> tuple[str, dict[str, torch.Tensor]]:
@@ -191,8 +235,18 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     opt_all = dict(result.named_parameters())
     opt_params = {k: opt_all[k] for k in eager_params if k in opt_all}
 
-    out_e, gin_e, gpar_e, upstream = _run(g.gm, g.example_inputs, eager_params, None)
-    out_o, gin_o, gpar_kept, _ = _run(result, g.example_inputs, opt_params, upstream)
+    # Buffers (running statistics) start every run from the same values, and are compared after it.
+    initial = {name: b.detach().clone() for name, b in g.gm.named_buffers()}
+    state = g.state_inputs
+    _reset_buffers([g.gm, result], initial)
+    out_e, gin_e, gpar_e, upstream = _run(g.gm, g.example_inputs, eager_params, None, state, list(initial))
+    _reset_buffers([g.gm, result], initial)
+    out_o, gin_o, gpar_kept, _ = _run(result, g.example_inputs, opt_params, upstream, state, list(initial))
+    _reset_buffers([g.gm, result], initial)
+    n_state = len(state) + len(initial)
+    state_e, state_o = gpar_e[len(eager_params):], gpar_kept[len(opt_params):]
+    gpar_e, gpar_kept = gpar_e[:len(eager_params)], gpar_kept[:len(opt_params)]
+    assert len(state_e) == len(state_o) == n_state
     kept = dict(zip(opt_params, gpar_kept))
     gpar_o = [kept.get(k) for k in eager_params]
     assert len(out_o) == len(out_e), f"{len(out_o)} outputs, expected {len(out_e)}"
@@ -201,6 +255,8 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
     checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
+    names = [f"state input {i}" for i in state] + [f"buffer {n}" for n in initial]
+    checks += [(a, e, f"{n} after the step", ATOL_OUT) for n, a, e in zip(names, state_o, state_e)]
     _compare(g, checks, upstream, result)
 
 
@@ -234,11 +290,13 @@ def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, 
         module, inputs, ups = _in_float64(result, g.example_inputs, upstream)
         names = [name for name, _ in g.gm.named_parameters()]
         params = dict(module.named_parameters())
-        outs, gin, kept, _ = _run(module, inputs, {k: params[k] for k in names if k in params}, ups)
+        held = [k for k in names if k in params]
+        buffers = [name for name, _ in g.gm.named_buffers()]
+        outs, gin, kept, _ = _run(module, inputs, {k: params[k] for k in held}, ups, g.state_inputs, buffers)
     except Exception:
         return False
-    by_name = dict(zip([k for k in names if k in params], kept))
-    ours = [*outs, *gin, *(by_name.get(k) for k in names)]
+    by_name = dict(zip(held, kept))
+    ours = [*outs, *gin, *(by_name.get(k) for k in names), *kept[len(held):]]
     for a, e in zip(ours, reference):
         if a is None and e is None:
             continue
@@ -254,7 +312,8 @@ def _float64_reference(g: GeneratedGraph, upstream: list) -> list[Optional[torch
     """Outputs, input gradients and parameter gradients of ``g`` run in float64, in
     the order check_optimizer compares them."""
     gm, inputs, ups = _in_float64(g.gm, g.example_inputs, upstream)
-    outs, gin, gpar, _ = _run(gm, inputs, dict(gm.named_parameters()), ups)
+    buffers = [name for name, _ in g.gm.named_buffers()]
+    outs, gin, gpar, _ = _run(gm, inputs, dict(gm.named_parameters()), ups, g.state_inputs, buffers)
     return [*outs, *gin, *gpar]
 
 
@@ -292,9 +351,10 @@ def _explain(flavour: str, seed: int, g: GeneratedGraph) -> str:
 @pytest.mark.parametrize("flavour,seed", _cases())
 def test_optimize_graph_matches_eager(flavour: str, seed: int) -> None:
     g = make_case(flavour, seed)
-    _, _, pass_inputs = FLAVOURS[flavour]
+    opts, _, pass_inputs = FLAVOURS[flavour]
     try:
-        result = check_optimizer(optimize_graph, g, pass_inputs, **_fuzz_options())
+        with torch._inductor.config.patch(fallback_random=opts.get("dropout_p", 0.0) > 0):
+            result = check_optimizer(optimize_graph, g, pass_inputs, **_fuzz_options())
         if FLAVOURS[flavour][0].get("dynamic_batch"):
             check_dynamic_batch(g, result)
     except Exception as e:  # attach the program to any failure
@@ -407,7 +467,7 @@ def _identity(gm: fx.GraphModule, example_inputs: Any = None, **_: Any) -> fx.Gr
 
 
 def _harness_seeds() -> list[tuple[str, int]]:
-    return [(f, s) for f in FLAVOURS if f != "dynamo" for s in range(4)] + [("dynamo", 0)]
+    return [(f, s) for f in FLAVOURS if f not in ("dynamo", "train_dynamo") for s in range(4)] + [("dynamo", 0), ("train_dynamo", 0)]
 
 
 def test_harness_accepts_identity() -> None:
@@ -490,6 +550,51 @@ def test_harness_catches_frozen_parameter() -> None:
 
 def test_harness_catches_dropped_mutation() -> None:
     assert _caught(_mutant(_drop_first_inplace), "inplace", range(12)) >= 6
+
+
+def _perturb_running_statistics(gm: fx.GraphModule, example_inputs: Any = None, **_: Any) -> fx.GraphModule:
+    """Same outputs and gradients, other running statistics: every batch norm's momentum changed."""
+    import torch.nn.functional as F
+
+    result = copy.deepcopy(gm)
+    for m in result.modules():
+        if isinstance(m, torch.nn.BatchNorm1d):
+            m.momentum = 0.5 if m.momentum != 0.5 else 0.25
+    for n in result.graph.nodes:
+        if n.target is F.batch_norm or n.target is torch.batch_norm:
+            n.args = (*n.args[:6], 0.5 if n.args[6] != 0.5 else 0.25, *n.args[7:])
+    result.recompile()
+    return result
+
+
+def test_harness_catches_changed_running_statistics() -> None:
+    """Every training graph with a batch norm (module or functional; in Dynamo graphs on lifted
+    buffer inputs) is caught when only its running statistics differ."""
+    for flavour, seeds in (("train", range(10)), ("train_dynamo", range(2))):
+        normed = [s for s in seeds if any(k.startswith("train:batch_norm") or k == "train:checkpoint_batch_norm"
+                                          for k in make_case(flavour, s).families)]
+        assert normed, flavour
+        assert _caught(_perturb_running_statistics, flavour, normed) == len(normed), flavour
+
+
+def test_training_flavours_cover_their_families() -> None:
+    from collections import Counter
+
+    total: Counter = Counter()
+    for seed in range(40):
+        total.update(random_graph(seed, n_ops=_n_ops(seed), **FLAVOURS["train"][0]).families)
+    missing = [f for f in TRAIN_FAMILIES if total[f] == 0]
+    assert not missing, missing
+
+
+def test_training_flavour_dropout_draws_alike_when_seeded() -> None:
+    """A p>0 program run twice after seeding gives the same values (what the flavour relies on);
+    run again unseeded, another mask."""
+    g = next(g for g in (make_case("train_dropout", s) for s in range(10)) if any(k.startswith("train:dropout") for k in g.families))
+    params = dict(g.gm.named_parameters())
+    first, second = _run(g.gm, g.example_inputs, params, None), _run(g.gm, g.example_inputs, params, None)
+    for a, b in zip(first[0], second[0]):
+        assert torch.equal(a, b)
 
 
 def test_harness_catches_mutated_input_module() -> None:

@@ -30,8 +30,9 @@ _NUM_EMB = 10  # rows of every embedding table (and the bound of the index input
 class _Builder:
     """Graph under construction plus its concrete evaluation."""
 
-    def __init__(self, seed: int, *, opaque: bool, inplace: bool, params: bool) -> None:
+    def __init__(self, seed: int, *, opaque: bool, inplace: bool, params: bool, dropout_p: float = 0.0) -> None:
         self.rng = random.Random(seed)
+        self.dropout_p = dropout_p  # the probability of every dropout the training builders emit
         self.gen = torch.Generator().manual_seed(seed)
         self.opaque, self.inplace, self.params = opaque, inplace, params
         self.graph = fx.Graph()
@@ -60,6 +61,8 @@ class _Builder:
                 val = target(*a, **k)
             elif op == "call_method":
                 val = getattr(a[0], target)(*a[1:], **k)
+            elif op == "call_module":  # a training builder's submodule (its buffers update as it runs)
+                val = self.root.get_submodule(target)(*a, **k)
             else:  # pragma: no cover - only call_* are emitted here
                 raise ValueError(op)
         self.env[node] = val
@@ -115,6 +118,16 @@ class _Builder:
         if not self.params:
             return self._placeholder(name, value)
         self.root.register_parameter(name, torch.nn.Parameter(value))
+        node = self.graph.get_attr(name)
+        self.env[node] = value.clone()
+        return node
+
+    def buffer(self, shape: Sequence[int], kind: str) -> fx.Node:
+        """A buffer of the root read by get_attr: a running mean (small values) or variance (positive)."""
+        value = 0.5 + self.rand(shape).abs() if kind == "running_var" else self.rand(shape, 0.3)
+        name = f"{kind}{self.n_params}"
+        self.n_params += 1
+        self.root.register_buffer(name, value)
         node = self.graph.get_attr(name)
         self.env[node] = value.clone()
         return node

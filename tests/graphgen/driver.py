@@ -21,6 +21,10 @@ from optimus_eqsat.run_support import single_thread
 
 from .builder import _DIM_CHOICES, _NUM_EMB, _Builder
 from .families import BUILDERS
+from .training import fresh_statistics
+
+#: the global generator's seed while a program is built; a run seeded alike draws the same dropouts
+RNG_SEED = 1234
 
 
 @dataclasses.dataclass
@@ -31,12 +35,16 @@ class GeneratedGraph:
     example_inputs: one tensor per placeholder, in placeholder order.
     description: human-readable summary (seed, options, families used).
     families: how often each op family tag was emitted.
+    state_inputs: positions of example inputs that are module state a run writes (a Dynamo
+        graph's lifted batch-norm buffers): no gradient is taken of them, and their values
+        after a step are compared like the module's own buffers.
     """
 
     gm: fx.GraphModule
     example_inputs: tuple[torch.Tensor, ...]
     description: str
     families: Counter = dataclasses.field(default_factory=Counter)
+    state_inputs: tuple[int, ...] = ()
 
 
 def _make_inputs(b: _Builder) -> None:
@@ -111,13 +119,14 @@ def _ensure_grads(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> None:
 
 
 def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-                    dynamic_batch: bool = False) -> tuple[fx.GraphModule, tuple[Any, ...]]:
+                    dynamic_batch: bool = False) -> tuple[fx.GraphModule, tuple[Any, ...], tuple[int, ...]]:
     """Run the program through torch.compile and keep the graph Dynamo hands
     its backend (torch-level, meta["example_value"] set; params become inputs).
 
     dynamic_batch: dim 0 of every float input of size >= 2 may be symbolic
     (``maybe_mark_dynamic``: Dynamo keeps it symbolic unless the program
-    specializes it); the graph then also takes the symbolic sizes as int inputs."""
+    specializes it); the graph then also takes the symbolic sizes as int inputs.
+    Also returns the positions of the inputs that are ``gm``'s buffers (Dynamo lifts them)."""
     import torch._dynamo
 
     captured: dict[str, Any] = {}
@@ -136,10 +145,12 @@ def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
     compiled = torch.compile(gm, backend=backend, fullgraph=True, dynamic=None if dynamic_batch else False)
     compiled(*args)
     torch._dynamo.reset()
+    buffers = {id(t) for t in gm.buffers()}
+    state = tuple(i for i, t in enumerate(captured["inputs"]) if id(t) in buffers)
     ex = tuple(t.detach().clone() if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
                else int(t.node.hint) if isinstance(t, torch.SymInt) else t
                for t in captured["inputs"])
-    return captured["gm"], ex
+    return captured["gm"], ex, state
 
 
 def _in_dtype(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
@@ -170,6 +181,9 @@ def random_graph(
     dynamo: bool = False,
     dynamic_batch: bool = False,
     dtype: torch.dtype = torch.float32,
+    train: bool = False,
+    checkpoint: bool = False,
+    dropout_p: float = 0.0,
 ) -> GeneratedGraph:
     """Build a random, valid FX program from ``seed`` (deterministic per arguments).
 
@@ -185,16 +199,27 @@ def random_graph(
     dtype: the float dtype of parameters and inputs (the program is built and
         checked in float32, then cast; it stays float32, said in the description,
         when eager has no kernel for an op in that dtype).
+    train: include training-mode batch norms (which write their running statistics)
+        and dropouts (graphgen/training.py).
+    checkpoint: include sibling experts in ``torch.utils.checkpoint`` regions (with dynamo,
+        ``tag_activation_checkpoint`` regions).
+    dropout_p: the probability of every dropout (0: the program is deterministic). The
+        global generator is seeded with ``RNG_SEED`` while the program is built, so a run
+        after ``torch.manual_seed(RNG_SEED)`` draws what building drew.
     """
-    with single_thread():
-        return _random_graph(seed, n_ops, opaque, inplace, params, with_meta, dynamo, dynamic_batch, dtype)
+    with single_thread(), torch.random.fork_rng():
+        torch.manual_seed(RNG_SEED)
+        return _random_graph(seed, n_ops, opaque, inplace, params, with_meta, dynamo, dynamic_batch, dtype,
+                             train, checkpoint, dropout_p)
 
 
 def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bool, with_meta: bool, dynamo: bool,
-                  dynamic_batch: bool = False, dtype: torch.dtype = torch.float32) -> GeneratedGraph:
-    b = _Builder(seed, opaque=opaque, inplace=inplace, params=params)
+                  dynamic_batch: bool = False, dtype: torch.dtype = torch.float32, train: bool = False,
+                  checkpoint: bool = False, dropout_p: float = 0.0) -> GeneratedGraph:
+    b = _Builder(seed, opaque=opaque, inplace=inplace, params=params, dropout_p=dropout_p)
+    enabled = {"": True, "opaque": opaque, "inplace": inplace, "train": train, "checkpoint": checkpoint}
     _make_inputs(b)
-    table = [(fn, w) for _, w, fn, need in BUILDERS if not need or (need == "opaque" and opaque) or (need == "inplace" and inplace)]
+    table = [(fn, w) for _, w, fn, need in BUILDERS if enabled[need]]
     fns, weights = [f for f, _ in table], [w for _, w in table]
     built, attempts = 0, 0
     while built < n_ops and attempts < n_ops * 20:
@@ -206,6 +231,8 @@ def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bo
     gm = fx.GraphModule(b.root, b.graph, class_name="GeneratedProgram")
     inputs = tuple(b.inputs)
     _ensure_grads(gm, inputs)
+    if train or checkpoint:
+        fresh_statistics(b, gm)
     cast = dtype
     if dtype != torch.float32:
         low = _in_dtype(gm, inputs, dtype)
@@ -213,19 +240,21 @@ def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bo
             cast = torch.float32
         else:
             gm, inputs = low
+    state: tuple[int, ...] = ()
     if dynamo:
-        gm, inputs = _dynamo_capture(gm, inputs, dynamic_batch)
+        gm, inputs, state = _dynamo_capture(gm, inputs, dynamic_batch)
     if with_meta:
         ShapeProp(gm).propagate(*[t.clone() for t in inputs])
     fams = Counter(b.fam)
     desc = (
         f"random_graph(seed={seed}, n_ops={n_ops}, opaque={opaque}, inplace={inplace}, params={params}, "
         f"with_meta={with_meta}, dynamo={dynamo}, dynamic_batch={dynamic_batch}, dtype={dtype}"
+        + (f", train={train}, checkpoint={checkpoint}, dropout_p={dropout_p}" if train or checkpoint else "")
         + (f" (kept {cast}: eager lacks a kernel)" if cast != dtype else "")
         + f"): {len(gm.graph.nodes)} nodes; "
         + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in sorted(fams.items()))
     )
-    return GeneratedGraph(gm=gm, example_inputs=inputs, description=desc, families=fams)
+    return GeneratedGraph(gm=gm, example_inputs=inputs, description=desc, families=fams, state_inputs=state)
 
 
 def random_module(seed: int, **options: Any) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

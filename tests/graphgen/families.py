@@ -23,6 +23,7 @@ from .compute import (
     b_unary,
 )
 from .effects import b_inplace, b_opaque
+from .training import b_batch_norm, b_checkpoint, b_dropout
 from .tangles import (
     b_batch_layer_norms,
     b_batch_linears,
@@ -56,7 +57,8 @@ from .views import (
 )
 
 
-# (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace"
+# (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace" / "train" / "checkpoint"
+# (a builder a graph's options leave out is not drawn, so appending one changes no existing graph)
 BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("split", 3, b_split, ""),
     ("chunk", 1, b_chunk, ""),
@@ -96,7 +98,18 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("residual", 1, b_residual, ""),
     ("opaque", 2, b_opaque, "opaque"),
     ("inplace", 5, b_inplace, "inplace"),
+    ("batch_norm", 3, b_batch_norm, "train"),
+    ("dropout", 1.5, b_dropout, "train"),
+    ("checkpoint", 2, b_checkpoint, "checkpoint"),
 ]
+
+#: every tag the training builders must produce over the fuzzer's training flavours
+#: (tests/test_fuzz.py asserts coverage; ALL_FAMILIES is what the default options produce)
+TRAIN_FAMILIES: tuple[str, ...] = (
+    "train:batch_norm_module", "train:batch_norm_noaffine", "train:batch_norm_cumulative",
+    "train:batch_norm_fn", "train:dropout_module", "train:dropout_fn", "train:dropout_torch",
+    "train:checkpoint", "train:checkpoint_batch_norm", "train:checkpoint_cat",
+)
 
 #: every family tag some seed must produce (test_graphgen asserts coverage)
 ALL_FAMILIES: tuple[str, ...] = tuple(
