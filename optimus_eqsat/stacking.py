@@ -94,14 +94,19 @@ def _training_graphs(model: nn.Module, example_inputs: Sequence[Any]) -> list[tu
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)
-    return graphs
+    # Dynamo's cache keeps ``capture`` (and what it closes over) alive: emptied, the list no
+    # longer holds the parameters, which stacking then replaces.
+    found = list(graphs)
+    graphs.clear()
+    return found
 
 
 def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: Any) -> list[tuple[str, list[str]]]:
     """The groups :func:`stack_parameters` would stack: ``(kind, parameter paths)`` per stack
     or dim-0 cat of whole parameters in the optimizer's program for a training step of
     ``model`` (``options`` go to :func:`optimus_eqsat.optimize_graph`), before tied or
-    aliased parameters are left out."""
+    aliased parameters are left out. ``kind``: "cat", "stack", or "stack-t" for a stack of
+    2-D parameters that the program only reads with its last two dims swapped."""
     from .api import optimize_graph
     from .backend import BACKEND_MIN_GAIN
 
@@ -117,8 +122,9 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
         placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         value = dict(zip(placeholders, inputs))
         for pack in packable_work(program, inputs).packs:
-            kind = getattr(pack.node.target, "__name__", str(pack.node.target))
-            if kind == "stack" and pack.node.users and all(map(_last_dims_swapped, pack.node.users)):
+            kind = canonical_name(pack.node)
+            if kind == "stack" and value[pack.params[0]].ndim == 2 and pack.node.users \
+                    and all(map(_last_dims_swapped, pack.node.users)):
                 kind = "stack-t"
             paths = [names.get(id(value[p])) for p in pack.params]
             if None not in paths:
@@ -127,18 +133,16 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
 
 
 def _last_dims_swapped(node: fx.Node) -> bool:
-    """Whether ``node`` swaps the last two dims of its 3-D input (a batched linear reads its
+    """Whether ``node`` swaps the last two dims of a 3-D input (a batched linear reads its
     stacked weights so: ``bmm(x, W.permute(0, 2, 1))``). The gradient of such a stack comes
     out of the backward's ``bmm`` with those dims swapped in memory, and AccumulateGrad would
     copy it into a new tensor of the stack's layout every step (time, and the stack's size
     again at the step's peak). A stack of the members transposed, read as
     ``stack.transpose(1, 2)[k]``, is what the program reads, so it takes its gradient as it comes."""
     name = canonical_name(node)
-    args = [a for a in node.args[1:]] + list(node.kwargs.values())
+    args = [*node.args[1:], *node.kwargs.values()]
     flat = [d for a in args for d in (a if isinstance(a, (list, tuple)) else [a])]
-    value = node.args[0].meta.get("example_value", node.args[0].meta.get("val")) if node.args else None
-    ndim = getattr(value, "ndim", 3)
-    if ndim != 3:
+    if not all(isinstance(d, int) for d in flat):
         return False
     if name == "permute":
         return [d % 3 for d in flat] == [0, 2, 1]

@@ -4,7 +4,9 @@ model, checkpoints, hooks, tied weights, and the compiled program reading the st
 from __future__ import annotations
 
 import copy
+import gc
 import io
+import weakref
 
 import pytest
 import torch
@@ -274,8 +276,11 @@ def test_stack_parameters_makes_the_batched_program_read_the_stacks() -> None:
     copies, cost = _parameter_copies(model, x)
     assert copies, "the unstacked program should stack the experts' weights"
     ref = copy.deepcopy(model)
+    replaced = weakref.ref(model.experts[0][2].weight)
     stack_parameters(model, (x,))
     assert any(g.owner == "experts" and g.kind == "stack" for g in stacked_groups(model))
+    gc.collect()
+    assert replaced() is None  # nothing (Dynamo's cache of the planning compile) keeps it alive
     copies, stacked_cost = _parameter_copies(model, x)
     assert copies == []
     assert stacked_cost < cost  # the copies are no longer priced
