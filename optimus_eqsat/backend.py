@@ -11,6 +11,7 @@ our own compile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Callable, Sequence
 
@@ -89,11 +90,18 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     post_reports: list[tuple[str, OptimizeReport]] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        if not inductor_config:
-            return compile_with_us(gm, example_inputs)
+        from torch._functorch import config as functorch_config
         from torch._inductor import config
 
-        with config.patch(inductor_config):
+        with contextlib.ExitStack() as patches:
+            if inductor_config:
+                patches.enter_context(config.patch(inductor_config))
+            if measure and _fake_first_call():
+                # DDPOptimizer's pieces: their backwards, compiled lazily, must be compiled one per
+                # piece in reverse order (each takes the next of its per-piece metadata records);
+                # the measured choice compiles backwards of several programs in the forward.
+                # Compiled now, each with its own metadata, none is compiled lazily.
+                patches.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
             return compile_with_us(gm, example_inputs)
 
     def compile_with_us(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
