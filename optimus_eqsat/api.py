@@ -11,6 +11,7 @@ import torch.fx
 from . import rewrites
 from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
 from .egraph_export import export
+from .checkpoint_regions import with_regions_inlined
 from .decompose import before_translation
 from .extract.egraph import ExtractionGraph
 from .extract.egraph_cost import EGraphCost
@@ -229,7 +230,8 @@ class OptimizationRun:
         with phase(report, "rebuild"):
             result = self.build(meta=not refine)
         with phase(report, "verify"):
-            report.launches_before, report.cost_before = predict(gm, self.example_inputs, self.objective)
+            report.launches_before, report.cost_before = predict(with_regions_inlined(gm), self.example_inputs,
+                                                                 self.objective)
             report.launches_after, report.cost_after = predict(result, self.example_inputs, self.objective)
         if refine:
             with phase(report, "refine"):

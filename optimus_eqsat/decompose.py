@@ -57,6 +57,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .checkpoint_regions import checkpoint_calls, inline_checkpoints, region_tags
 from .dropout_draws import keeps_rng_order, share_dropout_draws, shared_draw_groups
 from .fx_graphs import copy_module
 from .fxvocab import ALIASING_OPS, canonical_name
@@ -140,24 +141,36 @@ def _shape_dtype(node: torch.fx.Node) -> tuple[tuple, torch.dtype] | None:
 
 
 def _like(new: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node:
-    """``new`` with ``source``'s tensor meta (same shape and dtype)."""
+    """``new`` with ``source``'s tensor meta (same shape and dtype) and checkpointed region."""
     for key in _META_KEYS:
         if key in source.meta:
             new.meta[key] = source.meta[key]
+    new.meta.update(region_tags(source))
     return new
 
 
 def before_translation(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` itself when no rewrite applies, else a new GraphModule (sharing ``gm``'s
     parameters and submodules) with private in-place ops made out-of-place, batch norms
-    decomposed (see the module docstring) and dropouts of one shape sharing their random
-    draws (:mod:`.dropout_draws`). ``gm`` is never changed."""
+    decomposed (see the module docstring), dropouts of one shape sharing their random
+    draws (:mod:`.dropout_draws`) and checkpointed regions inlined with their recompute
+    tags (:mod:`.checkpoint_regions`). ``gm`` is never changed."""
+    if checkpoint_calls(gm):
+        gm = copy_module(gm)
+        inline_checkpoints(gm)
+        return _decomposed(gm, copy=False)
+    return _decomposed(gm, copy=True)
+
+
+def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
+    """:func:`before_translation` after checkpointed regions are inlined; on a copy of ``gm``
+    when ``copy`` (``gm`` itself when nothing applies)."""
     nodes = list(gm.graph.nodes)
     share_draws = not keeps_rng_order() and bool(shared_draw_groups(gm))
     if not share_draws and not any(_private_inplace(gm, n) is not None or _decomposable(n)
                                    or _training_decomposable(n) for n in nodes):
         return gm
-    out = copy_module(gm)
+    out = copy_module(gm) if copy else gm
     if share_draws:
         share_dropout_draws(out)
     for node in list(out.graph.nodes):
@@ -267,6 +280,7 @@ def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, a
 
     def call(target: Any, *operands: Any, method: bool = False, **kwargs: Any) -> torch.fx.Node:
         new = (graph.call_method if method else graph.call_function)(target, operands, kwargs)
+        new.meta.update(region_tags(node))
         return _computed(new)
 
     with graph.inserting_before(node):

@@ -33,6 +33,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from .checkpoint_regions import region_tags
 from .fxvocab.meta import meta_value
 
 __all__ = ["keeps_rng_order", "share_dropout_draws", "shared_draw_groups"]
@@ -120,6 +121,7 @@ def share_dropout_draws(gm: torch.fx.GraphModule) -> int:
                 out = graph.call_function(torch.mul, (masked, 1.0 / (1.0 - p)))
             for new, kind in ((row, dtype), (keep, torch.bool), (masked, dtype), (out, dtype)):
                 _set_value(new, shape, kind, node)
+                new.meta.update(region_tags(node))  # (checkpointed: recomputed from the saved draw)
             node.replace_all_uses_with(out)
             graph.erase_node(node)
             rewritten += 1

@@ -33,6 +33,7 @@ from .fxvocab import (
     node_tensor_infos,
     target_name,
 )
+from .checkpoint_regions import region_tags
 from .fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
 from .rebuild_sizes import SizeWriter
 from .term import CTORS, OP_CTORS
@@ -69,6 +70,7 @@ class Rebuilder:
         for i, c in sorted(eg.class_of_id.items(), reverse=True):
             if i < len(t.gm.graph.nodes):
                 self.name_of_class[c] = i  # earliest original node of each class
+        self.region_of_class = _regions_of_classes(t, eg)
         self.ordered = sorted(i for i in t.ordered if i in t.copied)
         self.ordered_set = set(self.ordered)
         self.next_ordered = 0
@@ -104,6 +106,8 @@ class Rebuilder:
         new_output = self.graph.output(torch.fx.node.map_arg(output.args[0], out_value))
         new_output.meta = copy.copy(output.meta)
         self.graph._codegen = copy.deepcopy(self.t.gm.graph._codegen)
+        if self.region_of_class:
+            _tag_region_inputs(self.graph)
         gm = torch.fx.GraphModule(self.t.gm, self.graph, class_name=type(self.t.gm).__name__)
         gm.graph.lint()
         return gm
@@ -240,6 +244,8 @@ class Rebuilder:
             if new.op != "get_attr":
                 new._rename(original.name)
             new.meta = copy.copy(original.meta)
+        if key in self.region_of_class and not region_tags(new):  # a batch of checkpointed members
+            new.meta.update(self.region_of_class[key])
         if key in self.eg.shapes and not any(k in new.meta for k in ("val", "example_value", "tensor_meta")):
             new.meta[SHAPE_META] = TensorInfo(self.t.symbols.hinted(self.eg.shapes[key]), self._itemsize(new))
         self.of_class[key] = new
@@ -318,6 +324,34 @@ class Rebuilder:
         if key in reversed_ops:
             return self._call(reversed_ops[key], (value, self.of_class[x.index]))
         return self._call(self.t.registry.specs[key].target, (self.of_class[x.index], value))
+
+
+def _regions_of_classes(t: Translation, eg: ExportedEGraph) -> dict[int, dict[str, Any]]:
+    """The checkpointed region (recompute tags) of each e-class that computes a tagged original
+    node, or a batched term all of whose members are tagged: what the rebuilt node is tagged
+    with, so the partitioner recomputes a batch of checkpointed experts as it did them."""
+    tags = {i: region_tags(n) for i, n in enumerate(t.gm.graph.nodes) if region_tags(n)}
+    if not tags:
+        return {}
+    regions: dict[int, dict[str, Any]] = {}
+    for batched, members in t.batch_members.items():
+        if all(m in tags for m in members) and batched in eg.class_of_id:
+            regions[eg.class_of_id[batched]] = tags[members[0]]
+    for i, region in tags.items():
+        if i in eg.class_of_id:
+            regions.setdefault(eg.class_of_id[i], region)
+    return regions
+
+
+def _tag_region_inputs(graph: torch.fx.Graph) -> None:
+    """Tag for recomputation every untagged op whose users are all tagged (a batched
+    region's matmul under its bias add, the stacks it reads): it serves the checkpointed
+    regions alone, so it is recomputed with them."""
+    for node in reversed(graph.nodes):
+        if node.op in ("call_function", "call_method") and node.users and not region_tags(node):
+            tags = [region_tags(u) for u in node.users]
+            if all(tags):
+                node.meta.update(tags[0])
 
 
 def rebuild(t: Translation, eg: ExportedEGraph, choice: dict[int, int]) -> torch.fx.GraphModule:

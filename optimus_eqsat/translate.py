@@ -95,6 +95,7 @@ class Translation:
     ordered: set[int] = field(default_factory=set)
     # ordered node id -> the ordered nodes before it whose footprints meet its own (its only order)
     effect_deps: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    batch_members: dict[int, tuple[int, ...]] = field(default_factory=dict)  # batched term id -> member ids
     opaque_reasons: dict[int, str] = field(default_factory=dict)
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)

@@ -192,3 +192,24 @@ def test_a_random_bool_op_is_never_recomputed():
     grad = _node(graph, aten.mul.Tensor, (tangent, drawn), g)
     graph.output((out, grad))
     assert recomputable_masks(graph) == []
+
+
+def test_mask_of_a_piece_of_a_cat_built_from_the_mask_keeps_its_source():
+    """A cat computed from the mask itself cannot be read to compute the mask (a cycle): the
+    mask keeps reading its piece (experts with batch norm and dropout made one)."""
+    a, b, g = torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 6)
+    graph = torch.fx.Graph()
+    pa, pb, tangent = _placeholder(graph, "primals_1", a), _placeholder(graph, "primals_2", b), \
+        _placeholder(graph, "tangents_1", g)
+    ra = _node(graph, aten.relu.default, (pa,), a.relu())
+    mask = _node(graph, aten.le.Scalar, (ra, 0), a <= 0)
+    masked = _node(graph, aten.where.self, (mask, 0.0, pb), torch.where(a <= 0, 0.0, b))
+    cat = _node(graph, aten.cat.default, ([ra, masked], 1), torch.cat([a.relu(), masked.meta["val"]], 1))
+    out = _node(graph, aten.mul.Tensor, (cat, cat), cat.meta["val"] ** 2)
+    grad_cat = _node(graph, aten.mul.Tensor, (tangent, cat), g * cat.meta["val"])
+    grad_a = _node(graph, aten.slice.Tensor, (grad_cat, 1, 0, 3), g[:, :3])
+    grad_pa = _node(graph, aten.where.self, (mask, 0.0, grad_a), grad_a.meta["val"])
+    graph.output((out, grad_pa))
+    assert recomputable_masks(graph) == []
+    assert mask.args[0] is ra
+    graph.lint()

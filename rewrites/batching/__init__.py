@@ -109,6 +109,7 @@ def batch_facts(t: Translation, profile: Any = None, frozen: bool = False) -> Ba
             continue
         stats[f"batch-{kind.name}"] += len(group)
         outputs[f"batch-{kind.name}"].append(builder.outputs[-1])
+    t.batch_members.update((batched, tuple(members)) for batched, members in builder.groups)
     if builder.groups and (views := cat_alternatives(t, builder.slot_of, builder.facts.append)):
         stats["cat-views"] = views
     return Batches(builder.facts, dict(stats), dict(outputs), builder.groups)

@@ -1,0 +1,275 @@
+"""Training code as libraries write it: effects instead of one total order, batch norms in
+training, dropout and checkpointed regions (translate.py, decompose.py, dropout_draws.py,
+checkpoint_regions.py). Outputs, gradients and running statistics against eager (or against
+Inductor where eager itself differs: a checkpointed norm updates its statistics twice in
+eager), and what was batched."""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from optimus_eqsat.backend import make_backend
+from optimus_eqsat.checkpoint_regions import checkpoint_calls, inline_checkpoints
+from optimus_eqsat.dropout_draws import shared_draw_groups
+from optimus_eqsat.fxvocab import canonical_name
+from optimus_eqsat.inductor_count import capture_dynamo_graph
+from optimus_eqsat.translate import EVERYTHING, translate
+
+
+class Experts(nn.Module):
+    """Experts of (Linear -> BatchNorm1d -> ReLU -> Dropout) x 2 on one input, summed: the
+    layer as torch-rechub's MLP writes it."""
+
+    def __init__(self, n: int = 4, width: int = 12, p: float = 0.0, momentum: float | None = 0.1,
+                 checkpointed: bool = False):
+        super().__init__()
+        self.checkpointed = checkpointed
+
+        def layer(d: int, h: int) -> list[nn.Module]:
+            return [nn.Linear(d, h), nn.BatchNorm1d(h, momentum=momentum), nn.ReLU(), nn.Dropout(p)]
+
+        self.experts = nn.ModuleList(nn.Sequential(*layer(8, width), *layer(width, width)) for _ in range(n))
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm1d):  # affine and statistics far from the identity
+                nn.init.normal_(m.weight)
+                nn.init.normal_(m.bias)
+
+    def forward(self, x):
+        run = (lambda e: checkpoint(e, x, use_reentrant=False)) if self.checkpointed else (lambda e: e(x))
+        return torch.stack([run(e) for e in self.experts], 1).sum(1)
+
+
+def unknown(t: torch.Tensor) -> torch.Tensor:
+    """An op the optimizer does not know (kept as a call by symbolic_trace)."""
+    return t + 1
+
+
+torch.fx.wrap("unknown")
+
+
+def _backend(**options):
+    torch._dynamo.reset()
+    return make_backend(inductor=False, measure=False, raise_on_error=True, profile="h200", **options)
+
+
+def _train_steps(model: nn.Module, x: torch.Tensor, run=None, steps: int = 2) -> tuple[list[torch.Tensor], dict]:
+    """Outputs of ``steps`` SGD steps of ``model`` (called through ``run``, a compiled
+    ``model``, when given), and the gradients of the last."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    outs = []
+    for _ in range(steps):
+        opt.zero_grad()
+        out = (model if run is None else run)(x)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        opt.step()
+        outs.append(out.detach())
+    return outs, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _assert_trained_alike(reference: nn.Module, ours: nn.Module, x: torch.Tensor, run_reference=None,
+                          run_ours=None) -> None:
+    """Outputs and gradients of two SGD steps and the buffers (statistics, counters) after them
+    equal; ``run_*`` (the modules themselves by default) are what is called, compiled or not."""
+    want, want_grads = _train_steps(reference, x, run_reference)
+    got, got_grads = _train_steps(ours, x, run_ours)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # (the biases before a norm have gradients of float noise around zero: compared on the
+    # scale of the largest gradient)
+    scale = max(g.abs().max().item() for g in want_grads.values())
+    for name, g in want_grads.items():
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    for (name, a), b in zip(reference.named_buffers(), ours.buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------- effects
+
+
+def test_effects_are_ordered_only_on_shared_memory():
+    """Writes to different buffers keep no order; two writes to one buffer (through a view)
+    keep theirs; an unknown op is ordered against everything."""
+
+    def f(a, b, x):
+        a.add_(1)
+        b.add_(1)
+        a.view(-1).mul_(2)
+        y = unknown(x)
+        b.add_(y.sum())
+        return x * 2
+
+    gm = torch.fx.symbolic_trace(f)
+    t = translate(gm, (torch.zeros(4), torch.zeros(4), torch.randn(4)))
+    ids = {n.name: i for i, n in enumerate(t.nodes)}
+    deps = {t.nodes[i].name: {t.nodes[d].name for d in before} for i, before in t.effect_deps.items()}
+
+    def after(name: str) -> set[str]:  # every effect ``name`` waits for
+        seen, work = set(), list(deps[name])
+        while work:
+            if (n := work.pop()) not in seen:
+                seen.add(n)
+                work.extend(deps[n])
+        return seen
+
+    assert deps["add_"] == set() and deps["add__1"] == set()  # a's and b's first writes: unordered
+    assert after("mul_") == {"view", "add_"}  # a again, through its view; nothing of b's
+    assert {"mul_", "add__1"} <= deps["unknown"]  # the last effect on each memory
+    assert deps["add__2"] == {"unknown"}
+    assert ids["mul"] not in t.ordered
+
+
+def test_random_ops_are_unordered_unless_fallback_random():
+    def f(x):
+        return F.dropout(x, 0.5) + torch.rand_like(x) + torch.randn_like(x)
+
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(4, 4)
+    assert not translate(gm, (x,)).ordered
+    with torch._inductor.config.patch(fallback_random=True):
+        t = translate(gm, (x,))
+    assert len(t.ordered) == 3 and len(t.effect_deps[max(t.ordered)]) == 1
+
+
+# ---------------------------------------------------------------- batch norms in training
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.3])
+def test_experts_with_training_norms_batch_and_train_as_eager(momentum):
+    torch.manual_seed(0)
+    model = Experts(momentum=momentum).train()
+    ours = copy.deepcopy(model)
+    backend = _backend()
+    _assert_trained_alike(model, ours, torch.randn(16, 8), run_ours=torch.compile(ours, backend=backend))
+    report = backend.reports[0]
+    assert report.batched.get("batch-linear", 0) >= 8 and report.batched.get("batch-reduction", 0) >= 8
+    assert not report.fell_back, report.fallback_reason
+    assert report.launches_after < report.launches_before
+
+
+def test_norms_of_sequences_and_shared_statistics_train_as_eager():
+    """Rank-3 inputs (batch, channels, length), and one norm module called twice (its
+    statistics are not its own alone: updated where it was, in order)."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = nn.ModuleList(nn.Conv1d(4, 6, 1) for _ in range(3))
+            self.norms = nn.ModuleList(nn.BatchNorm1d(6) for _ in range(3))
+            self.shared = nn.BatchNorm1d(6)
+
+        def forward(self, x):
+            outs = [n(c(x)).relu() for c, n in zip(self.seq, self.norms)]
+            return self.shared(outs[0]) + self.shared(outs[1]) + outs[2]
+
+    torch.manual_seed(0)
+    model = Model().train()
+    ours = copy.deepcopy(model)
+    _assert_trained_alike(model, ours, torch.randn(5, 4, 7), run_ours=torch.compile(ours, backend=_backend()))
+
+
+def test_norms_without_momentum_train_as_eager():
+    """``momentum=None`` (a cumulative average) is left to the norm itself."""
+    torch.manual_seed(0)
+    model = Experts(n=2, momentum=None).train()
+    ours = copy.deepcopy(model)
+    _assert_trained_alike(model, ours, torch.randn(16, 8), run_ours=torch.compile(ours, backend=_backend()))
+
+
+# ---------------------------------------------------------------- dropout
+
+
+def test_dropouts_of_one_depth_share_a_draw():
+    torch.manual_seed(0)
+    gm, _ = capture_dynamo_graph(Experts(p=0.2).train(), (torch.randn(16, 8),))
+    groups = shared_draw_groups(gm)
+    assert sorted(len(g) for g in groups) == [4, 4]  # one draw per layer, the experts' four
+    first, second = ({n.name for n in g} for g in groups)
+    assert not first & second
+
+
+def test_batched_dropout_keeps_p_and_scales_by_one_over_one_minus_p():
+    """Without fallback_random the experts' dropouts draw from one tensor: the fraction dropped
+    is p, and what is kept is scaled by 1 / (1 - p)."""
+    p = 0.3
+
+    class Towers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.towers = nn.ModuleList(nn.Linear(32, 64) for _ in range(4))
+
+        def forward(self, x):
+            hidden = [t(x) for t in self.towers]
+            return torch.stack([F.dropout(h, p, training=True) for h in hidden], 0), torch.stack(hidden, 0)
+
+    torch.manual_seed(0)
+    model = Towers()
+    backend = _backend()
+    out, hidden = torch.compile(model, backend=backend)(torch.randn(256, 32))
+    assert any("rand" in name for name in backend.reports[0].opaque_nodes)  # the shared draw
+    dropped = (out == 0).float().mean().item()
+    assert abs(dropped - p) < 0.01, dropped
+    kept = out != 0
+    torch.testing.assert_close(out[kept], hidden[kept] / (1 - p))
+    per_tower = (out == 0).float().mean(dim=(1, 2))
+    assert (per_tower - p).abs().max() < 0.02  # every member drops its share
+
+
+def test_dropout_under_fallback_random_is_eagers_stream():
+    torch.manual_seed(0)
+    model = Experts(p=0.25).train()
+    ours = copy.deepcopy(model)
+    x = torch.randn(16, 8)
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = torch.compile(ours, backend=_backend())
+        torch.manual_seed(5)
+        want = model(x)
+        torch.manual_seed(5)
+        got = compiled(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- checkpointed regions
+
+
+def test_checkpointed_regions_are_inlined_with_recompute_tags():
+    gm, _ = capture_dynamo_graph(Experts(n=3, checkpointed=True).train(), (torch.randn(16, 8),))
+    assert len(checkpoint_calls(gm)) == 3
+    inlined = copy.deepcopy(gm)
+    assert inline_checkpoints(inlined) == 3
+    calls = [n for n in inlined.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    regions = {n.meta["ac_graph_id"] for n in calls if "recompute" in n.meta}
+    assert len(regions) == 3 and not any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in calls)
+
+
+def test_checkpointed_experts_batch_and_train_as_inductor():
+    """Checkpointed experts (norms in training inside) batch, their batched ops still tagged
+    for recomputation; outputs, gradients and statistics are Inductor's (eager's checkpoint
+    updates a norm's statistics a second time when it recomputes)."""
+    torch.manual_seed(0)
+    model = Experts(checkpointed=True).train()
+    ours = copy.deepcopy(model)
+    backend = _backend()
+    programs = []
+
+    def recorded(gm, example_inputs):
+        programs.append(backend(gm, example_inputs))
+        return programs[-1]
+
+    torch._dynamo.reset()
+    reference = torch.compile(model, backend="aot_eager")  # (AOTAutograd's regions, no optimizer)
+    _assert_trained_alike(model, ours, torch.randn(16, 8), run_reference=reference,
+                          run_ours=torch.compile(ours, backend=recorded))
+    report = backend.reports[0]
+    assert report.batched.get("batch-linear", 0) >= 8 and not report.fell_back, report.fallback_reason
+    [program] = programs
+    tagged = [n for n in program.graph.nodes if "recompute" in n.meta]
+    assert any(canonical_name(n) in ("matmul", "bmm", "baddbmm") for n in tagged)  # a batched linear
+
+
