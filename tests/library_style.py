@@ -23,7 +23,7 @@ where the library is installed. ``checkpoint_experts=True`` calls every expert t
 activation memory (Dynamo hands such a call over as a ``tag_activation_checkpoint``
 region).
 
-``BUILDERS`` maps a name to a builder ``(batch) -> (model, inputs)`` with the sizes of
+``BUILDERS`` maps a name to a builder ``(batch, seed=0) -> (model, inputs)`` with the sizes of
 ``benchmarks/library_models.py`` (6 sparse features of 8 dims and 3 dense values;
 rechub MLPs of 32 and 16, towers of 8; deepctr's default hidden units), models in
 training mode with seeded weights and inputs.
@@ -298,12 +298,12 @@ class DeepctrMMOE(DeepctrBase):
                  gate_dnn_hidden_units: Sequence[int] = (64,), tower_dnn_hidden_units: Sequence[int] = (64,),
                  dnn_dropout: float = 0.0, dnn_use_bn: bool = False, n_task: int = 2, n_sparse: int = N_SPARSE,
                  n_dense: int = N_DENSE, vocab: int = DEEPCTR_VOCAB, embed_dim: int = EMBED_DIM,
-                 checkpoint_experts: bool = False) -> None:
-        super().__init__(n_sparse, n_dense, vocab, embed_dim, n_task)
+                 init_std: float = 0.0001, checkpoint_experts: bool = False) -> None:
+        super().__init__(n_sparse, n_dense, vocab, embed_dim, n_task, init_std)
         self.num_tasks, self.num_experts, self.checkpoint_experts = n_task, num_experts, checkpoint_experts
 
         def dnn(inputs_dim: int, units: Sequence[int]) -> DeepctrDNN:
-            return DeepctrDNN(inputs_dim, units, dropout_rate=dnn_dropout, use_bn=dnn_use_bn)
+            return DeepctrDNN(inputs_dim, units, dropout_rate=dnn_dropout, use_bn=dnn_use_bn, init_std=init_std)
 
         self.expert_dnn = nn.ModuleList(dnn(self.input_dim, expert_dnn_hidden_units) for _ in range(num_experts))
         self.gate_dnn = nn.ModuleList(dnn(self.input_dim, gate_dnn_hidden_units) for _ in range(n_task))
@@ -336,14 +336,14 @@ class DeepctrPLE(DeepctrBase):
                  expert_dnn_hidden_units: Sequence[int] = (256, 128), gate_dnn_hidden_units: Sequence[int] = (64,),
                  tower_dnn_hidden_units: Sequence[int] = (64,), dnn_dropout: float = 0.0, dnn_use_bn: bool = False,
                  n_task: int = 2, n_sparse: int = N_SPARSE, n_dense: int = N_DENSE, vocab: int = DEEPCTR_VOCAB,
-                 embed_dim: int = EMBED_DIM, checkpoint_experts: bool = False) -> None:
-        super().__init__(n_sparse, n_dense, vocab, embed_dim, n_task)
+                 embed_dim: int = EMBED_DIM, init_std: float = 0.0001, checkpoint_experts: bool = False) -> None:
+        super().__init__(n_sparse, n_dense, vocab, embed_dim, n_task, init_std)
         self.num_tasks, self.num_levels, self.checkpoint_experts = n_task, num_levels, checkpoint_experts
         self.specific_expert_num, self.shared_expert_num = specific_expert_num, shared_expert_num
         last = expert_dnn_hidden_units[-1]
 
         def dnn(inputs_dim: int, units: Sequence[int]) -> DeepctrDNN:
-            return DeepctrDNN(inputs_dim, units, dropout_rate=dnn_dropout, use_bn=dnn_use_bn)
+            return DeepctrDNN(inputs_dim, units, dropout_rate=dnn_dropout, use_bn=dnn_use_bn, init_std=init_std)
 
         def per_level(tasks: int, count: int, units: Sequence[int]) -> nn.ModuleList:
             return nn.ModuleList(
@@ -409,33 +409,34 @@ def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
     return make().train()
 
 
-def _rechub_mlp(batch: int) -> Case:
+def _rechub_mlp(batch: int, seed: int = 0) -> Case:
     dims = N_SPARSE * EMBED_DIM + N_DENSE
     model = _seeded(lambda: RechubMLP(dims, dims=[32, 16]))
-    return model, (torch.randn(batch, dims, generator=torch.Generator().manual_seed(0)),)
+    return model, (torch.randn(batch, dims, generator=torch.Generator().manual_seed(seed)),)
 
 
-def _deepctr_dnn(batch: int) -> Case:
+def _deepctr_dnn(batch: int, seed: int = 0) -> Case:
     dims = N_SPARSE * EMBED_DIM + N_DENSE
     model = _seeded(lambda: DeepctrDNN(dims, (256, 128), dropout_rate=0.1, use_bn=True))
-    return model, (torch.randn(batch, dims, generator=torch.Generator().manual_seed(0)),)
+    return model, (torch.randn(batch, dims, generator=torch.Generator().manual_seed(seed)),)
 
 
-def _rechub(cls: type[nn.Module], checkpoint_experts: bool) -> Callable[[int], Case]:
-    def build(batch: int) -> Case:
-        return _seeded(lambda: cls(checkpoint_experts=checkpoint_experts)), (rechub_inputs(batch),)
+def _rechub(cls: type[nn.Module], checkpoint_experts: bool) -> Callable[..., Case]:
+    def build(batch: int, seed: int = 0) -> Case:
+        return _seeded(lambda: cls(checkpoint_experts=checkpoint_experts)), (rechub_inputs(batch, seed=seed),)
     return build
 
 
-def _deepctr(cls: type[nn.Module], checkpoint_experts: bool) -> Callable[[int], Case]:
-    def build(batch: int) -> Case:
+def _deepctr(cls: type[nn.Module], checkpoint_experts: bool) -> Callable[..., Case]:
+    def build(batch: int, seed: int = 0) -> Case:
         model = _seeded(lambda: cls(**DEEPCTR_TRAINING, checkpoint_experts=checkpoint_experts))
-        return model, (deepctr_inputs(batch),)
+        return model, (deepctr_inputs(batch, seed=seed),)
     return build
 
 
-#: name -> builder ``(batch) -> (model in training mode, positional inputs)``
-BUILDERS: dict[str, Callable[[int], Case]] = {
+#: name -> builder ``(batch, seed=0) -> (model in training mode, positional inputs)``; the model's
+#: weights are the same for every ``seed``, the inputs drawn from it
+BUILDERS: dict[str, Callable[..., Case]] = {
     "rechub.MLP": _rechub_mlp,
     "rechub.MMOE": _rechub(RechubMMOE, False),
     "rechub.PLE": _rechub(RechubPLE, False),
