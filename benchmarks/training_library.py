@@ -15,7 +15,8 @@ Per model:
   off) under Inductor's defaults, Inductor with its Optimus passes
   (``benchmarks/methods.py``'s ``OPTIMUS_PRE_GRAD`` / ``OPTIMUS_POST_GRAD``) and ours
   (``make_backend(measure=False, profile="h200")``: the optimizer deciding for a GPU
-  profile; batch groups formed by its pre- and post-grad passes beside it);
+  profile; beside it the nodes its pre- and post-grad passes gave a batched alternative,
+  ``report.batched``, whether extraction kept them or not);
 - **step time** on the CPU (``--batches``, one thread) of the default backend
   (``backend="optimus_eqsat"``, measured choice on) against Inductor's (``--time-models``:
   by default the issue's four targets, rechub and deepctr MMOE and PLE), in interleaved
@@ -25,6 +26,9 @@ Per model:
     python -m benchmarks.training_library --out benchmarks/results/training_library/style.md
     python -m benchmarks.training_library --source library \\
         --out benchmarks/results/training_library/library.md
+
+``--append`` keeps the rows of an earlier run into ``--out`` and runs only the models it
+lacks (a long run finished in parts; the table lists every command).
 
 The issue's targets: launches at most 0.5x Inductor and 0.7x Inductor+Optimus
 (checkpointed: 0.6x Inductor); step time at most 1.02x Inductor at every batch and
@@ -81,7 +85,8 @@ def builders(source: str) -> dict[str, Callable[[int], Case]]:
 
 
 def count_launches(build: Callable[[int], Case], config: str, batch: int) -> tuple[int, int]:
-    """(kernels of one training step under ``config``, batch groups our passes formed: 0 for Inductor's)."""
+    """(kernels of one training step under ``config``, nodes our passes gave a batched alternative in
+    the e-graph, whether extraction kept it or not: 0 for Inductor's)."""
     torch.manual_seed(0)
     model, inputs = build(batch)
     kwargs: dict[str, Any] = {"training": True, "options": {"force_disable_caches": True}}
@@ -104,7 +109,7 @@ def _ratio(a: Any, b: Any) -> str:
 
 def table(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
     """One markdown row per model: launches and their ratios, then per batch the step times."""
-    head = ["model", "Inductor", "+Optimus", "ours", "ours / Inductor", "ours / +Optimus", "our batches"]
+    head = ["model", "Inductor", "+Optimus", "ours", "ours / Inductor", "ours / +Optimus", "batched alternatives"]
     for b in batches:
         head += [f"b{b} Inductor ms", f"b{b} ours ms", f"b{b} ours / Inductor [p10, p90] (rounds)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -122,13 +127,34 @@ def table(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
     return lines
 
 
-def write(out: Path, command: str, rows: list[dict[str, Any]], batches: list[int], note: str) -> None:
-    """The markdown table (with the command and what was measured) and a CSV of every column beside it."""
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def previous(out: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows (without errors) and commands of an earlier run into ``out``, for ``--append``."""
+    if not out.with_suffix(".csv").exists():
+        return [], []
+    with open(out.with_suffix(".csv"), newline="") as fh:
+        rows = [{k: _number(v) for k, v in r.items() if v != ""} for r in csv.DictReader(fh)]
+    commands = out.with_suffix(".commands").read_text().splitlines() if out.with_suffix(".commands").exists() else []
+    return [r for r in rows if not r.get("error")], commands
+
+
+def write(out: Path, commands: list[str], rows: list[dict[str, Any]], batches: list[int], note: str) -> None:
+    """The markdown table (with the commands and what was measured), a CSV of every column and the
+    commands beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     errors = [f"- {r['model']}: {r['error']}" for r in rows if r.get("error")]
+    out.with_suffix(".commands").write_text("\n".join(commands) + "\n")
     out.write_text(
         "# Training steps of library-style recommendation models (issue 26)\n\n"
-        f"Command: `{command}`\n\n{note}\n\n" + "\n".join(table(rows, batches)) + "\n"
+        + "".join(f"Command: `{c}`\n\n" for c in commands) + f"{note}\n\n" + "\n".join(table(rows, batches)) + "\n"
         + ("\nErrors:\n\n" + "\n".join(errors) + "\n" if errors else ""))
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with open(out.with_suffix(".csv"), "w", newline="") as fh:
@@ -150,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rounds", type=int, default=15)
     parser.add_argument("--max-timing-s", type=float, default=40.0, help="no round starts after this, per case")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/training_library/style.md"))
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows (and commands) of an earlier run into --out; its models are not rerun")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cases = builders(args.source)
@@ -158,12 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",") if b]
     plan = RoundPlan(max_rounds=args.max_rounds, max_seconds=args.max_timing_s)
     command = "python -m benchmarks.training_library " + " ".join(argv if argv is not None else sys.argv[1:])
+    rows, commands = previous(args.out) if args.append else ([], [])
+    commands.append(command)
+    names = [n for n in names if n not in {r["model"] for r in rows}]
     note = (f"Launches: one training step (forward + backward) at batch {args.count_batch}, kernels in Inductor's CPU "
-            "output code; ours = `make_backend(measure=False, profile=\"h200\")`, \"our batches\" the batch groups "
-            "its pre- and post-grad passes kept. Step time: wall clock, CPU, "
+            "output code; ours = `make_backend(measure=False, profile=\"h200\")`; \"batched alternatives\": nodes its "
+            "pre- and post-grad passes gave a batched alternative (`report.batched`), kept or not. Step time: wall clock, CPU, "
             f"{args.threads} thread(s), default backend (measured choice on) against Inductor, interleaved rounds; "
             "ratio = median of per-round ratios [p10, p90].")
-    rows: list[dict[str, Any]] = []
     for name in names:
         row: dict[str, Any] = {"model": name}
         rows.append(row)
@@ -181,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             print(f"{name}: {row['error']}", flush=True)
-        write(args.out, command, rows, batches, note)
+        write(args.out, commands, rows, batches, note)
     print("\n".join(table(rows, batches)))
     return 0
 
