@@ -107,17 +107,14 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
     ``model`` (``options`` go to :func:`optimus_eqsat.optimize_graph`), before tied or
     aliased parameters are left out. ``kind``: "cat", "stack", or "stack-t" for a stack of
     2-D parameters that the program only reads with its last two dims swapped."""
-    from .api import optimize_graph
     from .backend import BACKEND_MIN_GAIN
 
     options = {"mode": "training", "min_gain": BACKEND_MIN_GAIN, **options}
     names = {id(p): n for n, p in model.named_parameters()}
     groups: list[tuple[str, list[str]]] = []
     for gm, inputs in _training_graphs(model, example_inputs):
-        program = optimize_graph(gm, inputs, **options)
-        report = program.meta["optimus_eqsat"]
-        if report.fell_back:
-            log.info("optimus_eqsat: stack_parameters: %s", report.fallback_reason)
+        program = _program_with_stored_stacks(gm, inputs, options)
+        if program is None:
             continue
         placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         value = dict(zip(placeholders, inputs))
@@ -130,6 +127,36 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
             if None not in paths:
                 groups.append((kind, paths))
     return groups
+
+
+def _program_with_stored_stacks(gm: fx.GraphModule, inputs: list[Any], options: dict[str, Any]) -> fx.GraphModule | None:
+    """The optimizer's program for a training step of ``gm``, with every stack or dim-0 cat of
+    whole parameters priced as free, as it is once stacking has made it the parameters'
+    storage (the objective of cached inference, ``Objective.cached``, in training). Priced as
+    a copy every step, those stacks kept the optimizer from batching what would pay once
+    stored (ple: 10 cats of 46 parameters, against 16 stacks of 88 priced so). None when the
+    optimizer fails or keeps the original; the compile of the stacked model then prices its
+    own program, where reading a stack is a view, and the backend measures it."""
+    from .api import OptimizationRun
+    from .objective import Objective
+    from .options import OptimizeOptions
+    from .run_support import gc_paused
+
+    opts = OptimizeOptions.from_kwargs(**options)
+    run = OptimizationRun(gm, inputs, opts)
+    run.objective = Objective(run.objective.profile, training=True, cached=True)
+    try:
+        with gc_paused():
+            program = run.optimize()
+    except Exception as exc:
+        if opts.raise_on_error:
+            raise
+        log.warning("optimus_eqsat: stack_parameters: no plan for a graph: %s: %s", type(exc).__name__, exc)
+        return None
+    if run.report.fell_back:
+        log.info("optimus_eqsat: stack_parameters: %s", run.report.fallback_reason)
+        return None
+    return program
 
 
 def _last_dims_swapped(node: fx.Node) -> bool:
@@ -360,11 +387,12 @@ def stack_parameters(model: nn.Module, example_inputs: Sequence[Any] | torch.Ten
                      exclude: Callable[[str], bool] | None = None, **options: Any) -> nn.Module:
     """Store the parameters the optimizer's batched training program reads stacked, in place.
 
-    Runs the optimizer (:func:`optimus_eqsat.optimize_graph`, ``options`` passed on; mode
+    Runs the optimizer (``options`` as :func:`optimus_eqsat.optimize_graph` takes them; mode
     training) on Dynamo's graph of one training forward of ``model`` on ``example_inputs``
-    (buffers and the RNG state are put back after it), takes every stack or dim-0 cat of
-    whole parameters in its program, and registers each group as one leaf ``nn.Parameter``
-    on the members' closest common parent module (``_optimus_stack<k>_<attr>``). Each
+    (buffers and the RNG state are put back after it), pricing stacks of whole parameters as
+    the free reads they become, takes every stack or dim-0 cat of whole parameters in its
+    program, and registers each group as one leaf ``nn.Parameter`` on the members' closest
+    common parent module (``_optimus_stack<k>_<attr>``). Each
     original parameter is then a view of its slot, read when the attribute is read:
     ``module.weight`` has the same values and shape, and the model's code runs unchanged,
     eager or compiled. Compiled with ``backend="optimus_eqsat"``, the batched program reads
@@ -372,9 +400,8 @@ def stack_parameters(model: nn.Module, example_inputs: Sequence[Any] | torch.Ten
     update per group.
 
     ``rounds``: planning runs at most. After a round stacked something, the next plans on the
-    stacked model, where reading a stack costs no copy, so the optimizer may batch groups it
-    declined while their stacks were copies (mmoe's gates). Each round compiles and
-    optimizes one forward (seconds). ``exclude(path)``: parameters to keep as they are (say,
+    stacked model, whose program may batch other groups around the stacks now stored. Each
+    round compiles and optimizes one forward (seconds). ``exclude(path)``: parameters to keep as they are (say,
     those that need their own optimizer settings); a group holding one is not stacked.
 
     - Build the optimizer (and any learning-rate scheduler, EMA copy or DDP/FSDP wrapper)
