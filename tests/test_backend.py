@@ -203,3 +203,33 @@ def test_frozen_inference_folds_the_weight_stacks_of_a_batched_program():
     buffers = re.findall(r"empty_strided_cpu\(\(([\d, ]+)\)", code)
     sizes = [math.prod(int(d) for d in shape.split(",") if d.strip()) for shape in buffers]
     assert stacked not in sizes, buffers  # ... on weights stacked once, not copied every step (unfrozen: (48, 8))
+
+
+def test_a_cached_program_runs_uncached_on_a_call_at_compile_time():
+    """DDPOptimizer runs each compiled piece once on fake tensors: a program behind the parameter
+    cache must not pack fake parameters (nor read their data pointers) then."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from optimus_eqsat.backend import CompileTimeSafe
+    from optimus_eqsat.parameter_cache import CachedParameterWork
+
+    cached_calls = []
+
+    class Cached(CachedParameterWork):
+        def __init__(self):  # (the attributes run_at_compile_time reads; no graph to cut)
+            self.prologue = lambda w0, w1: (torch.stack([w0, w1]),)
+            self.main = lambda stacked, x, w0, w1: torch.einsum("ki,koi->ko", x, stacked)
+            self.param_positions, self.n_values = (1, 2), 1
+
+        def __call__(self, *args):
+            cached_calls.append(args)
+            return self.main(*self.prologue(args[1], args[2]), *args)
+
+    program = CompileTimeSafe(Cached())
+    with FakeTensorMode() as mode:
+        x, w0, w1 = (mode.from_tensor(t) for t in (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4, 3)))
+        assert program(x, w0, w1).shape == (2, 4)
+    assert not cached_calls and program.first  # run uncached; the first real call is still to come
+    real = (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4, 3))
+    program(*real)
+    assert len(cached_calls) == 1 and not program.first
