@@ -449,8 +449,9 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
     fallback, compiled and timed only when ``candidate`` is not kept (the fastest of them
     that passes, :func:`choose_among`: a third compile is paid only when it can change the
     outcome). The RNG state is restored afterwards and the programs run on
-    :func:`timing_inputs` (copies of what they could write). Memory a program holds between steps (its ``held_bytes``, a cache) is added to
-    its peak.
+    :func:`timing_inputs` (copies of what they could write; in training, detached aliases of
+    the rest). Memory a program holds between steps (its ``held_bytes``, a cache) is added
+    to its peak.
 
     A :class:`Deferred` program is compiled here, replaced in ``programs`` by what it made.
     With ``rewritten``, one step of the candidate runs first (compiling what it compiles

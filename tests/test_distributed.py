@@ -10,7 +10,6 @@ of two gloo processes on loopback, bounded by a deadline: the distributed ones o
 
 from __future__ import annotations
 
-import copy
 import json
 import socket
 import time
