@@ -41,9 +41,10 @@ effects), so norms of different experts never wall each other off. The updates o
 all norms whose statistics nothing else reads are one ``torch._foreach_lerp_`` at the
 end of the graph, and their ``num_batches_tracked += 1`` one ``torch._foreach_add_``:
 one kernel each, wherever the optimizer computes the statistics.
-Inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static sizes, a
-constant momentum and eps, and statistics and affine parameters of the input's dtype are
-decomposed.
+Norms of inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static
+sizes, a constant momentum and eps, and statistics and affine parameters of the input's
+dtype are decomposed when another norm of the same input shape could batch with them
+(alone, Inductor's own norm has the cheaper backward).
 """
 
 from __future__ import annotations
@@ -104,6 +105,17 @@ def _training_decomposable(node: torch.fx.Node) -> dict[str, Any] | None:
         if stat != ((shape[1],), dtype):
             return None
     return args
+
+
+def _batchable_training_norms(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The training-mode norms worth decomposing: those with another of the same input shape
+    and dtype to batch with. Decomposed, a norm pays only when batched: alone, Inductor's own
+    batch norm (one reduction kernel for its backward) beats the autograd of its parts."""
+    groups: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
+    for node in gm.graph.nodes:
+        if _training_decomposable(node) is not None:
+            groups[_shape_dtype(node)].append(node)
+    return {n for members in groups.values() if len(members) >= 2 for n in members}
 
 
 def _per_channel_count(shape: tuple[int, ...]) -> int:
@@ -167,8 +179,8 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
     when ``copy`` (``gm`` itself when nothing applies)."""
     nodes = list(gm.graph.nodes)
     share_draws = not keeps_rng_order() and bool(shared_draw_groups(gm))
-    if not share_draws and not any(_private_inplace(gm, n) is not None or _decomposable(n)
-                                   or _training_decomposable(n) for n in nodes):
+    if not share_draws and not _batchable_training_norms(gm) \
+            and not any(_private_inplace(gm, n) is not None or _decomposable(n) for n in nodes):
         return gm
     out = copy_module(gm) if copy else gm
     if share_draws:
@@ -178,11 +190,13 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
         if rewrite is not None:
             rewrite()
     updates: dict[tuple, list[tuple[torch.fx.Node, ...]]] = defaultdict(list)
+    batchable = _batchable_training_norms(out)
     for node in list(out.graph.nodes):
         args = _decomposable(node)
         if args is not None:
             _decompose_batch_norm(out.graph, node, args)
-        elif (args := _training_decomposable(node)) is not None:
+        elif node in batchable:
+            args = _training_decomposable(node)
             own = _own_statistics(node, args)
             key = (float(args["momentum"]), _per_channel_count(_shape_dtype(node)[0]), _shape_dtype(node)[1])
             batch_stats = _decompose_training_batch_norm(out.graph, node, args)
@@ -287,10 +301,12 @@ def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, a
         moments = call(torch.var_mean, x, dims, correction=0, keepdim=True)
         var, mean = call(operator.getitem, moments, 0), call(operator.getitem, moments, 1)
         y = call(torch.mul, call(torch.sub, x, mean), call(torch.rsqrt, call(torch.add, var, float(args["eps"]))))
-        if args["weight"] is not None:
-            y = call(torch.mul, y, call("reshape", args["weight"], stat_shape, method=True))
-        if args["bias"] is not None:
-            y = call(torch.add, y, call("reshape", args["bias"], stat_shape, method=True))
+        # (a (C,) parameter broadcasts over (batch, C) as it is: batching then stacks the
+        # parameters themselves, one copy of graph inputs, not reshaped views of them)
+        for name, op in (("weight", torch.mul), ("bias", torch.add)):
+            if args[name] is not None:
+                param = args[name] if len(shape) == 2 else call("reshape", args[name], stat_shape, method=True)
+                y = call(op, y, param)
         batch_stats = None
         if args["running_mean"] is not None:
             batch_stats = tuple(call("reshape", call("detach", stat, method=True), channels, method=True)
