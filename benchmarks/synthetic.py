@@ -11,10 +11,15 @@ They are the shapes that stress saturation (issue: robustness):
 - ``residual_adds``: scaled residual blocks ``x = x + relu(x) * c``;
 - ``repeated_ops``: the same op on the same input many times, summed;
 - ``unary_runs``: long runs of one unary op (``neg`` runs cancel pairwise);
-- ``view_chain``: reshape / permute / transpose / unsqueeze chains.
+- ``view_chain``: reshape / permute / transpose / unsqueeze chains;
+- ``swap_halves_chain``: split -> swap the halves -> cat -> scalar multiply (a scalar
+  chain through slices of cats), ``swap_view_chain`` (the same with reshapes and
+  permutes before the multiply), ``residual_halves_chain`` (residual adds of split halves).
 
-Each but the first also exists "with split/cat" (``*_splitcat``): a split ->
-cat round trip after every block, so chains the round trips cut are joined
+- ``mul_chain``: one unbroken chain of ``x * c`` (no runs of other ops to cut it).
+
+``scalar_chain`` to ``view_chain`` also exist "with split/cat" (``*_splitcat``): a
+split -> cat round trip after every block, so chains the round trips cut are joined
 once the split/cat rules remove them. ``GENERATORS`` names them all.
 """
 
@@ -185,6 +190,71 @@ def view_chain(n_nodes: int, split_cat: bool = False, width: int = 16, batch: in
     return b.finish(_blocks(b, n_nodes, b.input, block, split_cat))
 
 
+# Scale factors whose running products never repeat (a chain keeps a distinct folded
+# constant per position, as real chains do) and stay near 1 over 100,000 nodes.
+_DRIFT = (1.01, 0.99)
+
+
+def mul_chain(n_nodes: int, width: int = 16, batch: int = 2) -> Generated:
+    """``x = x * c`` ``n_nodes - 2`` times (c is 1.01 and 0.99 in turn): folds to one multiply."""
+    b = GraphBuilder((batch, width))
+    x = b.input
+    while b.nodes < n_nodes or x is b.input:
+        x = b.call(operator.mul, x, _DRIFT[b.ops % 2])
+    return b.finish(x)
+
+
+def _halves(b: GraphBuilder, x: torch.fx.Node) -> list[torch.fx.Node]:
+    """``split(x, width // 2, dim=-1)`` and its two getitems (3 nodes)."""
+    split = b.call(torch.split, x, x.meta["val"].shape[-1] // 2, dim=-1)
+    return [b.call(operator.getitem, split, k) for k in range(2)]
+
+
+def swap_halves_chain(n_nodes: int, width: int = 16, batch: int = 2) -> Generated:
+    """Blocks ``x = cat([x1, x0]) * c`` with ``x0, x1 = split(x)`` (5 nodes each; c is 1.01 and
+    0.99 in turn).
+
+    The scalar chain runs through slices of cats: once the pieces are pushed through the
+    cats, each half is a chain of multiplies reaching back through every block. Issue 29's
+    shape: its chain analysis lowered every position's root once per position below it
+    (quadratic: 12,500 nodes took 219 s)."""
+    b = GraphBuilder((batch, width))
+    x, i = b.input, 0
+    while b.nodes < n_nodes or i == 0:
+        x0, x1 = _halves(b, x)
+        x = b.call(operator.mul, b.call(torch.cat, [x1, x0], dim=-1), _DRIFT[i % 2])
+        i += 1
+    return b.finish(x)
+
+
+def swap_view_chain(n_nodes: int, width: int = 16, batch: int = 2) -> Generated:
+    """``swap_halves_chain`` with views between the cat and the multiply: the swapped halves
+    are reshaped to (batch, 2, width/2), transposed, permuted back and flattened (9 nodes)."""
+    b = GraphBuilder((batch, width))
+    x, i = b.input, 0
+    while b.nodes < n_nodes or i == 0:
+        x0, x1 = _halves(b, x)
+        y = b.call(torch.reshape, b.call(torch.cat, [x1, x0], dim=-1), (batch, 2, width // 2))
+        y = b.call(torch.permute, b.call(torch.transpose, y, 1, 2), (0, 2, 1))
+        x = b.call(operator.mul, b.call(torch.reshape, y, (batch, width)), _DRIFT[i % 2])
+        i += 1
+    return b.finish(x)
+
+
+def residual_halves_chain(n_nodes: int, width: int = 16, batch: int = 2) -> Generated:
+    """Residual adds of split halves: ``m = x1 * 0.5; x = cat([m, x0 + m])`` with
+    ``x0, x1 = split(x)`` (6 nodes). Each half mixes both halves of the block before
+    (averages: the values stay bounded), so chains of multiplies and adds cross."""
+    b = GraphBuilder((batch, width))
+    x, i = b.input, 0
+    while b.nodes < n_nodes or i == 0:
+        x0, x1 = _halves(b, x)
+        m = b.call(operator.mul, x1, 0.5)
+        x = b.call(torch.cat, [m, b.call(operator.add, x0, m)], dim=-1)
+        i += 1
+    return b.finish(x)
+
+
 def _with_split_cat(generator: Callable[..., Generated]) -> Callable[[int], Generated]:
     def generate(n_nodes: int) -> Generated:
         return generator(n_nodes, split_cat=True)
@@ -199,6 +269,10 @@ _CHAINS = (scalar_chain, residual_adds, repeated_ops, unary_runs, view_chain)
 # Every generator by name: n_nodes -> (gm, example inputs).
 GENERATORS: dict[str, Callable[[int], Generated]] = {
     "split_cat_chain": split_cat_chain,
+    "mul_chain": mul_chain,
+    "swap_halves_chain": swap_halves_chain,
+    "swap_view_chain": swap_view_chain,
+    "residual_halves_chain": residual_halves_chain,
     **{g.__name__: g for g in _CHAINS},
     **{f"{g.__name__}_splitcat": _with_split_cat(g) for g in _CHAINS},
 }

@@ -1,6 +1,6 @@
 """Adversarial graphs (benchmarks/synthetic.py) stay linear: the e-graph grows by a bounded
-number of e-nodes per FX node, no limit but the iteration limit stops saturation, and the
-result matches eager. The 10,000 / 100,000-node timings are benchmarks/bench_pipeline.py's
+number of e-nodes per FX node, no rule's firings grow faster than the graph, no limit but
+the iteration limit stops saturation, and the result matches eager. The 10,000 / 100,000-node timings are benchmarks/bench_pipeline.py's
 (--generator), not the suite's.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.synthetic import GENERATORS
+from optimus_eqsat.api import OptimizationRun
+from optimus_eqsat.options import OptimizeOptions
 from tests.helpers import optimize_and_check
 
 # E-nodes per FX node. Measured at 1,000 nodes: at most 9 (unary_runs_splitcat); before
@@ -45,3 +47,33 @@ def test_scalar_chain_folds_onto_its_root():
         optimized = optimize_and_check(gm, *inputs, extractor="greedy")
         ops = [n for n in optimized.graph.nodes if n.op == "call_function"]
         assert len(ops) <= 2 * (200 // 32 + 1), (name, len(ops))
+
+
+# Firings at GROWTH times the nodes may be at most GROWTH + 1 times those at the small size,
+# plus one per FX node of the large graph (a rule firing a few times on the small graph may
+# fire once per node on the large one). A rule whose matches grow as the square of a chain
+# (issue 29: mul-root-down 60,780 firings at 1,250 nodes, 993,030 at 5,000) exceeds it
+# 3x over. 200 -> 800 nodes: past the small-size transients (chains cut by round trips
+# join within the first iterations), and about a second a generator.
+GROWTH = 4
+SMALL = 200
+
+
+def _firings(name: str, size: int) -> tuple[int, dict[str, int]]:
+    """FX nodes and matches per rule of the saturation (split/cat and algebraic: the
+    families whose chains the generators build) of generator ``name`` at ``size``."""
+    gm, _ = GENERATORS[name](size)
+    run = OptimizationRun(gm, None, OptimizeOptions(extractor="greedy", rulesets=("splitcat", "algebraic")))
+    run.saturate()
+    assert run.saturation.stop_reason.value in ("saturated", "iteration_limit"), run.saturation.stop_reason
+    return len(gm.graph.nodes), dict(run.saturation.rule_matches)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_rule_firings_grow_linearly(name):
+    small_nodes, small = _firings(name, SMALL)
+    big_nodes, big = _firings(name, GROWTH * SMALL)
+    assert big_nodes >= (GROWTH - 0.5) * small_nodes, (small_nodes, big_nodes)
+    too_many = {rule: (small.get(rule, 0), n) for rule, n in big.items()
+                if n > (GROWTH + 1) * small.get(rule, 0) + big_nodes}
+    assert not too_many, f"firings at {small_nodes} -> {big_nodes} nodes: {too_many}"
