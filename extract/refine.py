@@ -195,7 +195,9 @@ def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int
     ``launches``, ``seconds`` its prediction. Returns (``result``, or None when a
     variant won and is now ``run.extraction``; its launches; its seconds).
     """
-    policy = BatchRefine(run.egraph, run.batches.outputs, run.options.refine_time_limit_s)
+    limit_s = run.options.refine_time_limit_s
+    budget = getattr(run, "budget", None)  # the run's time budget: refine gets its share of what is left
+    policy = BatchRefine(run.egraph, run.batches.outputs, limit_s if budget is None else budget.share(limit_s))
     result, launches, seconds = _relist(run, policy, result, launches, seconds)
     main_graph, first = run.graph, _state(run)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Sequence
 
@@ -29,7 +30,8 @@ from .options import OptimizeOptions
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
 from .run_support import gc_paused, phase
-from .saturate import EGraphSession, Limits
+from .saturate import EGraphSession, Limits, StopReason, TimeLimitReached
+from .budget import Budget
 from .translate import translate
 
 log = logging.getLogger("optimus_eqsat")
@@ -72,6 +74,11 @@ def optimize_graph(
     except PinnedSize as exc:  # declined, not failed: the graph is returned as it is
         log.info("optimus_eqsat: graph declined: %s", exc)
         report.fell_back, report.fallback_reason = True, f"declined: {exc}"
+        result = copy_module(gm)
+    except TimeLimitReached as exc:  # the budget ran out before there was a program: the original
+        log.info("optimus_eqsat: %s", exc)
+        report.fell_back, report.fallback_reason = True, f"{exc}; kept the original"
+        report.stop_reason = StopReason.TIME_LIMIT.value
         result = copy_module(gm)
     except Exception as exc:
         if is_dynamo_signal(exc):
@@ -122,17 +129,21 @@ class OptimizationRun:
     def saturate(self) -> None:
         """Translate, load the facts and run the rule sets under the limits."""
         opts, report = self.options, self.report
+        self.budget = budget = Budget(opts.time_limit_s)  # the whole run's (optimus_eqsat/budget.py)
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
             self.translation = t = translate(before_translation(self.gm), self.example_inputs)
+        budget.fx_nodes = len(t.nodes)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
         with phase(report, "load"):
+            budget.check("loading the graph")
             self.session = EGraphSession(rulesets)
-            self.session.load(t.facts, fx_nodes=len(t.nodes))
+            self.session.load(t.facts, fx_nodes=len(t.nodes), deadline=budget.saturation_deadline())
+        limits = dataclasses.replace(opts.limits, deadline=budget.saturation_deadline())
         with phase(report, "saturate"):
-            self.saturation = sat = self.session.saturate(opts.limits, record_eclasses=opts.record_eclasses)
-        if "batching" in opts.rulesets:
+            self.saturation = sat = self.session.saturate(limits, record_eclasses=opts.record_eclasses)
+        if "batching" in opts.rulesets and sat.stop_reason is not StopReason.TIME_LIMIT:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.
             with phase(report, "batch"):
@@ -141,7 +152,8 @@ class OptimizationRun:
                 self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
             if self.batches.facts:
                 with phase(report, "saturate"):
-                    after = Limits(opts.batch_iterations, opts.max_enodes, opts.time_limit_s)
+                    after = Limits(opts.batch_iterations, opts.max_enodes, opts.time_limit_s,
+                                   deadline=budget.saturation_deadline())
                     sat = self.saturation = self.session.saturate(after, previous=sat,
                                                                   record_eclasses=opts.record_eclasses)
         report.record_saturation(sat)
@@ -176,7 +188,10 @@ class OptimizationRun:
         name = extractor or opts.extractor
         with phase(self.report, "extract"):
             self.graph = graph or self.egraph.extraction_graph(self.roots, cost or self.cost)
-            options = {"time_limit": opts.ilp_time_limit_s} if name in ("ilp", "auto") else {}
+            ilp_s = opts.ilp_time_limit_s
+            if hasattr(self, "budget"):  # what is left of the run's time budget
+                name, ilp_s = self.budget.extractor(name, ilp_s)
+            options = {"time_limit": ilp_s} if name in ("ilp", "auto") else {}
             self.extraction = get_extractor(name, **options).extract(self.graph)
             if self.batches is not None:
                 self.extraction, self.report.group_moves = improve_with_groups(

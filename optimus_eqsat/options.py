@@ -27,13 +27,23 @@ class OptimizeOptions:
             ``optimus-eqsat check-rules FILE.egg`` is the thorough one) and refuse an unsound
             rule with ``rule_check.UnsoundRuleError`` naming it and the counterexample.
             False skips the test.
-        max_iterations, max_enodes, time_limit_s: saturation limits.
+        max_iterations, max_enodes: saturation limits (per saturation phase).
+        time_limit_s: the wall-clock budget of the whole optimization (default 20 s):
+            saturation stops between slices of an iteration where the phases after it
+            need the rest (estimated from the translation's time, ``budget.py``); the
+            ILP and refine get a share of what is left, never more than their own
+            limits. Its stop reason is the report's ``stop_reason`` ("time_limit"); the
+            result is the best program extracted from the e-graph so far, or the
+            original when the budget runs out before the graph is loaded. Translation,
+            export, the rebuild and the cost model's predictions cannot stop early,
+            so the budget holds to within about a second on graphs of 10,000 nodes.
         batch_iterations: iterations of the second saturation, after the batch facts join
             (their stacks meet the splits and cats around them within 5 on the benchmark
             models; each later one mostly walks long cat runs again: 1 s apiece at 2,000
             features).
         extractor: "auto" (ILP when small enough, else greedy), "greedy" or "ilp".
-        ilp_time_limit_s: the ILP's own time limit.
+        ilp_time_limit_s: the ILP's own time limit (within its share of ``time_limit_s``;
+            "auto" extracts greedily when that share is under 2 s).
         profile: device profile of the step-time model: "auto" (the example inputs'
             device), "h100", "h200", "a100", "cpu", or a ``DeviceProfile``.
         mode: "auto" (training when grad mode is on and an input or parameter requires
@@ -55,7 +65,7 @@ class OptimizeOptions:
         refine_batches: re-extract without each kind of batch and keep the variant the
             fusion-aware cost model (fx_cost) predicts fastest.
         refine_time_limit_s: a refine variant is started only when it is expected to end
-            within this many seconds of refining (each variant is a greedy extraction and
+            within this many seconds of refining (and within its share of ``time_limit_s``) (each variant is a greedy extraction and
             a rebuild, expected to take as long as the main one when that was greedy; on
             20,000-node graphs tens of seconds). The report lists the variants tried.
         record_eclasses: count e-classes after every iteration into the saturation

@@ -6,6 +6,13 @@ changes while no rule is banned (saturated) or at the first exhausted limit,
 and says which in :class:`StopReason`; a step that changes nothing while rules
 are banned brings their bans forward and the loop goes on, so a phase is never
 called saturated while a banned rule could still fire.
+
+The time limit holds inside an iteration too: a step runs as slices (one egglog
+call each: a few rounds of one analysis, or one family round) and the loop
+checks the clock between them. egglog cannot be stopped inside a call, so a
+single round is the smallest unit that can overrun. A step cut short leaves a
+sound e-graph (every union is an equality); its new terms get their shapes
+before the loop returns.
 """
 
 from __future__ import annotations
@@ -44,6 +51,18 @@ class StopReason(str, enum.Enum):
     TIME_LIMIT = "time_limit"
 
 
+# A slice is one egglog call. An analysis runs up to ``rounds`` rounds per call, doubled
+# (up to MAX_ROUNDS) while a call takes under a quarter of SLICE_S and halved when it takes
+# longer: slices stay short where a round is slow, and cheap rounds (a walk along a chain
+# takes one per position) do not pay a call each (about 0.4 ms of Python and parsing).
+SLICE_S = 0.05
+MAX_ROUNDS = 256
+
+
+class TimeLimitReached(Exception):
+    """The time budget ran out before the e-graph held the whole program (while loading facts)."""
+
+
 # The e-node budget grows with the graph: rewrites add a bounded number of
 # alternatives per node (~10-20 on the benchmark models), 50 leaves headroom.
 ENODES_PER_FX_NODE = 50
@@ -58,8 +77,11 @@ class Limits:
     # ~9; more iterations mostly add equal-cost view variants for the extractor.
     max_iterations: int = 12
     max_enodes: int | None = None  # None: ENODES_PER_FX_NODE per FX node, at least MIN_ENODE_LIMIT
-    time_limit_s: float = 20.0
+    time_limit_s: float = 20.0  # this phase and the ones before it on the e-graph, together
     backoff: Backoff = Backoff()  # per-rule bans (rewrites/schedule.py); the first phase's holds for the e-graph
+    # time.perf_counter() by which saturation stops whatever time_limit_s leaves (the run's
+    # budget, optimus_eqsat/budget.py: the phases after saturation need their share); None: none
+    deadline: float | None = None
 
 
 @dataclass
@@ -87,6 +109,12 @@ class SaturationReport:
 def _parsed(program: str) -> tuple:
     """Parsed commands of a static program (language, rule sets), reused across e-graphs."""
     return tuple(eb.EGraph().parse_program(program))
+
+
+@functools.lru_cache(maxsize=1024)
+def _run_command(ruleset: str, rounds: int) -> tuple:
+    """Parsed ``(run ruleset rounds)`` (a cache of its own: slices must not evict the language)."""
+    return tuple(eb.EGraph().parse_program(f"(run {ruleset} {rounds})"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,6 +145,7 @@ class EGraphSession:
         self.fx_nodes = 0
         self.rulesets = list(rulesets)
         self.backoff: BackoffScheduler | None = None  # made by the first saturate
+        self.analysis_rounds: dict[str, int] = {}  # rounds per slice of each analysis (_Step)
         for program in [LANGUAGE, shape_rules().program]:
             self.egraph.run_program(*_parsed(program))
         self.families: list[SplitFamily] = []
@@ -131,16 +160,21 @@ class EGraphSession:
     def _run(self, program: str) -> list:
         return self.egraph.run_program(*self.egraph.parse_program(program))
 
-    def load(self, facts: Sequence[Fact], fx_nodes: int = 0) -> float:
+    def load(self, facts: Sequence[Fact], fx_nodes: int = 0, deadline: float | None = None) -> float:
         """Add facts; ``fx_nodes`` (the graph's size) scales the default e-node limit.
 
         ``Union`` facts are loaded as alias rows and unioned together at the end
-        (language.egg): a union per command costs ten times an insert.
+        (language.egg): a union per command costs ten times an insert. Past
+        ``deadline`` (a ``time.perf_counter()`` value) raises :class:`TimeLimitReached`:
+        an e-graph holding part of the program has nothing to extract.
         """
         self.fx_nodes = fx_nodes
         start = time.perf_counter()
         facts = [f.render() for f in facts]
         for i in range(0, len(facts), FACT_BATCH):
+            # the clock is read every 50 batches (1,000 facts, a few ms): not per batch
+            if deadline is not None and i % (50 * FACT_BATCH) == 0 and time.perf_counter() > deadline:
+                raise TimeLimitReached(f"time limit reached loading the graph ({i} of {len(facts)} facts)")
             self._run("\n".join(facts[i : i + FACT_BATCH]))
         self._run("(run-schedule (saturate (run aliases)))")
         return time.perf_counter() - start
@@ -168,8 +202,10 @@ class EGraphSession:
 
         With ``previous``, continue its report: iterations, time and matches add
         up; the iteration and e-node limits apply to this phase, the time limit
-        to the total. Backoff bans carry over from phase to phase (one scheduler
-        per e-graph, made with the first phase's ``limits.backoff``).
+        to the total (and ``limits.deadline`` to the clock). Backoff bans carry over
+        from phase to phase (one scheduler per e-graph, made with the first phase's
+        ``limits.backoff``). The time limit is checked between slices of a step; an
+        iteration cut short is in the history with ``"cut": True``.
         """
         if self.backoff is None:
             self.backoff = BackoffScheduler(limits.backoff, self.fx_nodes)
@@ -177,36 +213,49 @@ class EGraphSession:
         first_iteration = report.iterations
         max_enodes = limits.max_enodes or max(MIN_ENODE_LIMIT, ENODES_PER_FX_NODE * self.fx_nodes)
         start = time.perf_counter() - report.seconds
+        deadline = start + limits.time_limit_s
+        if limits.deadline is not None:
+            deadline = min(deadline, limits.deadline)
         while True:
             if report.iterations - first_iteration >= limits.max_iterations:
                 report.stop_reason = StopReason.ITERATION_LIMIT
+                break
+            if time.perf_counter() >= deadline:
+                report.stop_reason = StopReason.TIME_LIMIT
                 break
             t0 = time.perf_counter()
             iteration = report.iterations + 1
             banned = self.backoff.banned(iteration)
             plan = compose(self.rulesets, {f.family: f.without(banned, self._declare_combined) for f in self.families})
-            outputs = self._run(plan.first) if iteration == first_iteration + 1 and plan.first else []
-            (output,) = self._run(plan.step)
-            run = output.report
-            matches = Counter()
-            for r in [o.report for o in outputs] + [run]:
-                matches.update(r.num_matches_per_rule)
-                for rule, spent in r.search_and_apply_time_per_rule.items():
-                    report.rule_seconds[rule] += spent.total_seconds()
-            report.rule_matches.update(matches)
-            for family in self.families:  # only the step's rounds count toward a ban
-                report.backoff_bans += self.backoff.record(iteration, family.matches(run.num_matches_per_rule))
+            step = _Step(self, deadline, report.rule_seconds)
+            if iteration == first_iteration + 1 and plan.once:
+                step.run(plan.analyses, plan.once)
+                step.updated = False  # the step proper says whether the e-graph is saturated
+            before_step = Counter(step.matches)
+            if not step.stopped:
+                step.run(plan.analyses, plan.families)
+            report.rule_matches.update(step.matches)
             report.iterations = iteration
+            if not step.stopped:
+                step_matches = step.matches - before_step  # only the step's rounds count toward a ban
+                for family in self.families:
+                    report.backoff_bans += self.backoff.record(iteration, family.matches(step_matches))
+            else:
+                self._run("(run-schedule (saturate (run shapes)))")  # the new terms' shapes
             enodes = self.enode_count()
             report.history.append(
                 {"iteration": iteration, "enodes": enodes, "seconds": time.perf_counter() - t0,
-                 "matches": dict(matches), "backoff_banned": sorted(banned)}
+                 "matches": dict(step.matches), "backoff_banned": sorted(banned)}
             )
+            if step.stopped:
+                report.history[-1]["cut"] = True
+                report.stop_reason = StopReason.TIME_LIMIT
+                break
             if record_eclasses:
                 report.history[-1]["eclasses"] = self.eclass_count()
             # A step that changed nothing while rules were banned is not saturation:
             # bring_forward ends a ban and the loop goes on.
-            if not run.updated and not self.backoff.bring_forward(iteration):
+            if not step.updated and not self.backoff.bring_forward(iteration):
                 report.stop_reason = StopReason.SATURATED
                 break
             if enodes > max_enodes:
@@ -218,3 +267,61 @@ class EGraphSession:
         report.enodes = self.enode_count()
         report.seconds = time.perf_counter() - start
         return report
+
+
+class _Step:
+    """One schedule step run as slices (one egglog call each), stopping at ``deadline``:
+    settle (each analysis saturated in turn until a pass changes nothing), one round of
+    each ruleset of ``rounds``, settle; as ``schedule.compose``'s one-program ``step``."""
+
+    def __init__(self, session: EGraphSession, deadline: float, rule_seconds: Counter):
+        self.session, self.deadline, self.rule_seconds = session, deadline, rule_seconds
+        self.matches: Counter = Counter()
+        self.updated = False  # some slice changed the e-graph
+        self.stopped = False  # the deadline passed before the step ended
+
+    def run(self, analyses: Sequence[str], rounds: Sequence[str]) -> None:
+        self._settle(analyses)
+        for name in rounds:
+            self._slice(name, 1)
+        self._settle(analyses)
+
+    def _slice(self, name: str, rounds: int):
+        """``rounds`` rounds of ruleset ``name`` in one call (fewer when it saturates); its
+        run report, or None when the deadline has passed (then nothing runs)."""
+        if self.stopped or time.perf_counter() > self.deadline:
+            self.stopped = True
+            return None
+        (output,) = self.session.egraph.run_program(*_run_command(name, rounds))
+        run = output.report
+        self.matches.update(run.num_matches_per_rule)
+        for rule, spent in run.search_and_apply_time_per_rule.items():
+            self.rule_seconds[rule] += spent.total_seconds()
+        self.updated |= run.updated
+        return run
+
+    def _saturate(self, name: str) -> bool:
+        """Run analysis ``name`` until a round changes nothing; whether anything changed."""
+        rounds, changed = self.session.analysis_rounds.get(name, 1), False
+        while True:
+            t0 = time.perf_counter()
+            run = self._slice(name, rounds)
+            if run is None or not run.updated:
+                break
+            changed = True
+            if len(run.iterations) < rounds:  # egglog stopped at a round that changed nothing
+                break
+            took = time.perf_counter() - t0
+            if took < SLICE_S / 4:
+                rounds = min(2 * rounds, MAX_ROUNDS)
+            elif took > SLICE_S:
+                rounds = max(1, rounds // 2)
+        self.session.analysis_rounds[name] = rounds
+        return changed
+
+    def _settle(self, analyses: Sequence[str]) -> None:
+        changed = True
+        while changed and not self.stopped:
+            changed = False
+            for name in analyses:
+                changed |= self._saturate(name)

@@ -20,6 +20,13 @@ splitcat_once's unary-cat), ``settle``. The loop stops when a step changes
 nothing while no rule is banned (saturated) or at the first exhausted limit
 (``saturate.Limits``).
 
+The saturation loop runs these in slices (``Schedule.analyses``, ``once``, ``families``):
+each analysis a few rounds per egglog call (``(run NAME k)``), each family round a call of
+its own, so it can check its time limit between calls. egglog cannot stop inside a call,
+and one ``run-schedule`` of the whole step ran 208 s on issue 29's 12,500-node graph
+while the time limit was 10 s. ``first`` and ``step`` are the same schedules as one
+program each (for reading, and for callers without a time limit).
+
 Backoff (:class:`Backoff`, egg's BackoffScheduler): a rule of a family whose
 matches in one iteration exceed its match limit is banned (left out of the
 family's round) for a few iterations, and its limit and ban length grow each
@@ -46,6 +53,10 @@ class Schedule:
 
     first: str | None  # run once before the first step of a phase; None: no family has `once` rulesets
     step: str  # run every iteration
+    # the same, by ruleset: settle = saturate each of ``analyses`` in turn until a pass changes nothing
+    analyses: tuple[str, ...] = ()
+    once: tuple[str, ...] = ()  # first: settle, one round of each, settle
+    families: tuple[str, ...] = ()  # step: settle, one round of each, settle
 
 
 @dataclass(frozen=True)
@@ -87,9 +98,12 @@ def compose(rulesets: Sequence[RuleSet], runs: Mapping[str, str | None] | None =
     not banned), or None to skip the family (all its rules banned).
     """
     runs = runs or {}
-    analyses = " ".join(f"(saturate (run {name}))" for name in ["shapes", *(n for r in rulesets for n in r.analyses)])
-    settle = f"(saturate (seq {analyses}))"
-    once = " ".join(f"(run {name})" for r in rulesets for name in r.once)
-    families = " ".join(f"(run {runs.get(r.name, r.name)})" for r in rulesets if runs.get(r.name, r.name) is not None)
+    analysis_names = ("shapes", *(n for r in rulesets for n in r.analyses))
+    once_names = tuple(name for r in rulesets for name in r.once)
+    family_names = tuple(runs.get(r.name, r.name) for r in rulesets if runs.get(r.name, r.name) is not None)
+    settle = f"(saturate (seq {' '.join(f'(saturate (run {name}))' for name in analysis_names)}))"
+    once = " ".join(f"(run {name})" for name in once_names)
+    families = " ".join(f"(run {name})" for name in family_names)
     return Schedule(first=f"(run-schedule {settle} (seq {once}) {settle})" if once else None,
-                    step=f"(run-schedule {settle} (seq {families}) {settle})")
+                    step=f"(run-schedule {settle} (seq {families}) {settle})",
+                    analyses=analysis_names, once=once_names, families=family_names)

@@ -77,3 +77,94 @@ def test_rule_firings_grow_linearly(name):
     too_many = {rule: (small.get(rule, 0), n) for rule, n in big.items()
                 if n > (GROWTH + 1) * small.get(rule, 0) + big_nodes}
     assert not too_many, f"firings at {small_nodes} -> {big_nodes} nodes: {too_many}"
+
+
+class _Clock:
+    """A fake time.perf_counter that advances ``step`` seconds per reading: the saturation
+    loop's time checks become deterministic (a slice is one reading, or a few)."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def _session(name: str, size: int):
+    from optimus_eqsat.rulesets import select_rulesets
+    from optimus_eqsat.saturate import EGraphSession
+    from optimus_eqsat.translate import translate
+
+    gm, _ = GENERATORS[name](size)
+    t = translate(gm, None)
+    session = EGraphSession(select_rulesets(("splitcat", "algebraic"), ()))
+    session.load(t.facts, fx_nodes=len(t.nodes))
+    return session
+
+
+def test_time_limit_stops_saturation_inside_a_step(monkeypatch):
+    # swap_halves_chain's first step settles a walk up each chain (a few hundred rounds):
+    # with every clock reading 10 ms later, a 0.2 s limit ends it within the first step,
+    # between two slices, with the new terms' shapes settled.
+    import optimus_eqsat.saturate as saturate
+
+    whole = _session("swap_halves_chain", 600).saturate(saturate.Limits())
+    assert whole.stop_reason is saturate.StopReason.SATURATED
+    session = _session("swap_halves_chain", 600)
+    clock = _Clock(0.01)
+    monkeypatch.setattr(saturate.time, "perf_counter", clock)
+    cut = session.saturate(saturate.Limits(time_limit_s=0.2))
+    assert cut.stop_reason is saturate.StopReason.TIME_LIMIT
+    assert cut.iterations == 1 and cut.history[-1].get("cut"), cut.history
+    assert clock.now < 0.5  # stopped at the limit, not at the end of the step
+    assert cut.enodes < whole.enodes
+    monkeypatch.undo()
+    assert session.saturate(saturate.Limits()).enodes == whole.enodes  # a cut step leaves a sound e-graph
+
+
+def test_deadline_bounds_saturation_before_it_starts():
+    import time
+
+    from optimus_eqsat.saturate import Limits, StopReason
+
+    session = _session("swap_halves_chain", 200)
+    report = session.saturate(Limits(deadline=time.perf_counter() - 1))
+    assert report.stop_reason is StopReason.TIME_LIMIT and report.iterations == 0
+
+
+def test_load_past_its_deadline_keeps_the_original():
+    import time
+
+    import optimus_eqsat.api as api
+    from optimus_eqsat import optimize_graph
+    from optimus_eqsat.saturate import EGraphSession, TimeLimitReached
+
+    gm, _ = GENERATORS["swap_halves_chain"](300)
+    session = EGraphSession([])
+    with pytest.raises(TimeLimitReached):
+        session.load(api.translate(gm, None).facts, deadline=time.perf_counter() - 1)
+    out = optimize_graph(gm, time_limit_s=0.0)  # no time at all: the original, and why
+    report = out.meta["optimus_eqsat"]
+    assert report.stop_reason == "time_limit" and report.fell_back and "time limit" in report.fallback_reason
+    assert out.code == gm.code
+
+
+@pytest.mark.parametrize("name", ["swap_halves_chain", "mul_chain"])
+def test_time_limit_bounds_the_whole_run(name):
+    # The budget bounds every phase together: a 1 s limit on graphs that take several
+    # seconds returns in about that (the slack is for the phases that cannot stop early,
+    # estimated from the translation's time, on a machine shared with other jobs).
+    import time
+
+    gm, inputs = GENERATORS[name](6000)
+    start = time.perf_counter()
+    from optimus_eqsat import optimize_graph
+
+    out = optimize_graph(gm, time_limit_s=1.0, raise_on_error=True)
+    took = time.perf_counter() - start
+    report = out.meta["optimus_eqsat"]
+    assert report.stop_reason == "time_limit", report.summary()
+    assert took < 1.0 + 2.0, (took, report.phase_seconds)
+    torch = pytest.importorskip("torch")
+    torch.testing.assert_close(out(*inputs)[0], gm(*inputs)[0], rtol=1e-4, atol=1e-5)

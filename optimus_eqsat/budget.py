@@ -1,0 +1,83 @@
+"""The wall-clock budget of one optimization (``time_limit_s``): what each phase may spend.
+
+The phases run in order: translate, load, saturate (and batch, saturate again),
+export, extract, rebuild, verify, refine. Saturation, the ILP and refine can stop
+early; translation, export, rebuild and the cost model's predictions cannot, and
+take time in proportion to the graph. So the budget keeps a reserve for them:
+saturation stops where the reserve begins, the ILP and refine get what is left of
+the budget less what follows them, and when the reserve alone no longer fits before
+loading (or while loading), the run returns the original graph
+(:class:`~optimus_eqsat.saturate.TimeLimitReached`).
+
+The reserve grows with the graph: AFTER_S_PER_NODE seconds per FX node. On the
+synthetic generators (benchmarks/synthetic.py) at 10,000 nodes, on a 2-core machine
+shared with other jobs, export, extraction, rebuild and the two predictions took
+0.13 to 1 ms of wall clock per node (view_chain 1.7 s, residual_adds 9.8 s; issue 29's
+swap-halves chain 0.3 ms at 12,500 nodes); the constant is near the common case, so a
+budget holds within about a second on such graphs, not to the millisecond. (The
+translation's time was tried as the gauge: the first optimization in a process pays
+seconds of one-off costs there, and the reserve it implied left small graphs no
+saturation at all.)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .saturate import TimeLimitReached
+
+AFTER_S_PER_NODE = 3e-4
+# The ILP after a greedy extraction and refine's variants are the phases that can be
+# cut; each is given this share of what is left (the rest is for rebuild and verify).
+EXTRACT_SHARE = 0.5
+# "auto" extracts greedily when the ILP's share is below this: reducing the e-graph and
+# building the model come before the solver's own time limit (about a second at 12,500
+# nodes), so a shorter ILP overruns the budget and finds nothing.
+MIN_ILP_S = 2.0
+# Kept back for what no phase times (checking the options, copying the result, the
+# report): 5% of the budget.
+MARGIN_SHARE = 0.05
+
+
+@dataclass
+class Budget:
+    """``limit_s`` seconds of wall clock from ``start`` (``time.perf_counter()``)."""
+
+    limit_s: float
+    start: float = field(default_factory=time.perf_counter)
+    fx_nodes: int = 0  # the graph's size, set once translated: scales the reserve
+
+    @property
+    def deadline(self) -> float:
+        return self.start + self.limit_s
+
+    def left(self) -> float:
+        """Seconds left (negative past the deadline)."""
+        return self.deadline - time.perf_counter()
+
+    @property
+    def reserve(self) -> float:
+        """Seconds the phases after saturation are expected to take."""
+        return AFTER_S_PER_NODE * self.fx_nodes + MARGIN_SHARE * self.limit_s
+
+    def saturation_deadline(self) -> float:
+        """The ``time.perf_counter()`` by which saturation must stop."""
+        return self.deadline - self.reserve
+
+    def check(self, before: str) -> None:
+        """Raise :class:`TimeLimitReached` when saturation's time is already spent ``before``
+        a phase (then only the original fits: copying it is one of the phases the reserve
+        holds time for)."""
+        if time.perf_counter() > self.saturation_deadline():
+            raise TimeLimitReached(f"time limit ({self.limit_s:g} s) reached before {before}")
+
+    def extractor(self, name: str, ilp_limit_s: float) -> tuple[str, float]:
+        """The extractor to run for ``name`` ("auto", "greedy", "ilp") and the ILP's time limit."""
+        ilp_s = self.share(ilp_limit_s)
+        return ("greedy" if name == "auto" and ilp_s < MIN_ILP_S else name), ilp_s
+
+    def share(self, limit_s: float) -> float:
+        """A phase that can stop early (ILP, refine): its own ``limit_s`` or its share of
+        what is left, the smaller (0 once the budget is spent)."""
+        return max(0.0, min(limit_s, EXTRACT_SHARE * self.left()))
