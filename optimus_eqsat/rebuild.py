@@ -34,6 +34,7 @@ from .fxvocab import (
     target_name,
 )
 from .checkpoint_regions import region_tags
+from .fxvocab.meta import meta_value
 from .fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
 from .rebuild_sizes import SizeWriter
 from .term import CTORS, OP_CTORS
@@ -137,9 +138,23 @@ class Rebuilder:
         return self._value(self._task_for_original(self.t.index[a]))
 
     def _copy_original(self, i: int) -> torch.fx.Node:
-        """Original node i copied verbatim, its arguments mapped to emitted values."""
-        self.of_original[i] = self.graph.node_copy(self.t.nodes[i], self._original_arg)
+        """Original node i copied verbatim, its arguments mapped to emitted values (for a random
+        op whose numbers must be eager's, in the memory layout its inputs had)."""
+        arg = self._same_layout_arg if i in self.t.layout_sensitive else self._original_arg
+        self.of_original[i] = self.graph.node_copy(self.t.nodes[i], arg)
         return self.of_original[i]
+
+    def _same_layout_arg(self, a: torch.fx.Node) -> torch.fx.Node:
+        """The emitted value of ``a``, made contiguous where ``a`` was (or its layout is unknown)
+        and the value is another node: a random op draws its numbers in memory order, so a
+        view emitted for a contiguous value (a cat of a permute's splits is the permute)
+        would change which element gets which number."""
+        new = self._original_arg(a)
+        value = meta_value(a)
+        if new is self.of_original.get(self.t.index[a]) and self.t.nodes[self.t.index[a]].op == "placeholder" \
+                or (isinstance(value, torch.Tensor) and not value.is_contiguous()):
+            return new
+        return self.graph.call_method("contiguous", (new,))
 
     def _task_for_original(self, i: int) -> tuple[str, int]:
         if self.t.status.get(i) in ("term", "leaf"):

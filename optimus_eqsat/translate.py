@@ -96,6 +96,8 @@ class Translation:
     # ordered node id -> the ordered nodes before it whose footprints meet its own (its only order)
     effect_deps: dict[int, tuple[int, ...]] = field(default_factory=dict)
     batch_members: dict[int, tuple[int, ...]] = field(default_factory=dict)  # batched term id -> member ids
+    # random ops whose inputs' memory layout decides their numbers (eager's stream, under fallback_random)
+    layout_sensitive: set[int] = field(default_factory=set)
     opaque_reasons: dict[int, str] = field(default_factory=dict)
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
@@ -371,6 +373,8 @@ class Translator:
                 except Unsupported as exc:
                     self._opaque(i, str(exc), ordered=node in ordered or _unknown(self.gm, node)
                                  or (keep_rng_order and _random(self.gm, node)))
+        if keep_rng_order:
+            t.layout_sensitive = {i for i in t.ordered if _random(self.gm, self.nodes[i])}
         self._order_effects(memory, keep_rng_order)
         self._collect_roots()
         t.next_id = len(self.nodes)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from optimus_eqsat import optimize_graph
 from optimus_eqsat.backend import make_backend
 from optimus_eqsat.checkpoint_regions import checkpoint_calls, inline_checkpoints
 from optimus_eqsat.dropout_draws import shared_draw_groups
@@ -274,3 +275,23 @@ def test_checkpointed_experts_batch_and_train_as_inductor():
     assert linears and all("recompute" in n.meta for n in linears)  # recomputed in the backward
 
 
+
+
+def test_random_ops_under_fallback_random_keep_their_inputs_layout():
+    """A cat of a permute's splits is the permute (a view): the dropout reading it draws its
+    numbers in memory order, so under fallback_random it reads a contiguous copy, as eager."""
+
+    def f(x):
+        p = x.permute(1, 0, 2)
+        whole = torch.cat(p.split([3, 3, 2], dim=1), dim=1)
+        return F.dropout(whole, 0.25, training=True) * 2
+
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(8, 4, 3)
+    with torch._inductor.config.patch(fallback_random=True):
+        optimized = optimize_graph(gm, (x,), raise_on_error=True, never_worse=False)
+    assert "cat" not in optimized.code  # the cat of all the splits is gone
+    torch.manual_seed(3)
+    want = f(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(optimized(x), want)
