@@ -1,7 +1,7 @@
 """Optimizer time per phase on synthetic graphs of 1,000 / 10,000 / 100,000 FX nodes.
 
     python -m benchmarks.bench_pipeline [--generator all|NAME,...] [--sizes 1000,10000,100000]
-                                        [--extractor greedy]
+                                        [--extractor greedy] [--time-limit 20]
 
 Generators are ``benchmarks.synthetic.GENERATORS`` (split/cat chains, scalar
 chains, residual adds, repeated ops, unary runs, view chains, and each of those
@@ -37,16 +37,17 @@ def fitted_exponent(sizes: list[int], values: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def measure(name: str, size: int, extractor: str) -> dict:
+def measure(name: str, size: int, extractor: str, time_limit: float | None = None) -> dict:
     """One optimize_graph run of generator ``name`` at ``size`` FX nodes (building the graph not timed)."""
     gm, _ = GENERATORS[name](size)
     start, cpu_start = time.perf_counter(), time.process_time()
-    out = optimize_graph(gm, raise_on_error=True, extractor=extractor)
+    limit = {} if time_limit is None else {"time_limit_s": time_limit}
+    out = optimize_graph(gm, raise_on_error=True, extractor=extractor, **limit)
     total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     r = out.meta["optimus_eqsat"]
     return {"generator": name, "fx_nodes": len(gm.graph.nodes), "enodes": r.enodes, "iterations": r.iterations,
             "stop": r.stop_reason, "bans": sum(r.backoff_bans.values()), "phases": r.phase_seconds, "total": total, "cpu": cpu,
-            "launches": f"{r.launches_before} -> {r.launches_after}"}
+            "launches": f"{r.launches_before} -> {r.launches_after}" + (" (original kept)" if r.fell_back else "")}
 
 
 def row(m: dict) -> str:
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"'all' or a comma list of: {', '.join(GENERATORS)}")
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--extractor", default="greedy")
+    parser.add_argument("--time-limit", type=float, help="optimize_graph's time_limit_s (default: its own)")
     parser.add_argument("--out", help="also write the tables (with the command and the machine's load) to this file")
     args = parser.parse_args(argv)
     lines: list[str] = []
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {}
     for name in names:
         for size in sizes:
-            m = measure(name, size, args.extractor)
+            m = measure(name, size, args.extractor, args.time_limit)
             runs.setdefault(name, []).append(m)
             emit(row(m))
     if len(sizes) > 1:
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{fitted_exponent(nodes, [m['enodes'] for m in ms]):.2f} |")
     if args.out:
         command = f"python -m benchmarks.bench_pipeline --generator {args.generator} --sizes {args.sizes} --extractor {args.extractor}"
+        if args.time_limit is not None:
+            command += f" --time-limit {args.time_limit:g}"
         head = [f"# Optimizer time on adversarial graphs", "", f"Command: `{command}`", "",
                 f"Load average when it ended: {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} "
                 "cores (total s is wall clock, CPU s this process's CPU time: on a loaded machine the wall "

@@ -143,6 +143,8 @@ class OptimizationRun:
         limits = dataclasses.replace(opts.limits, deadline=budget.saturation_deadline())
         with phase(report, "saturate"):
             self.saturation = sat = self.session.saturate(limits, record_eclasses=opts.record_eclasses)
+        if sat.iterations == 0 and sat.stop_reason is StopReason.TIME_LIMIT:  # the e-graph is the original
+            raise TimeLimitReached(f"time limit ({opts.time_limit_s:g} s) reached before saturation")
         if "batching" in opts.rulesets and sat.stop_reason is not StopReason.TIME_LIMIT:
             # Groups are found on the translated graph; their facts join the e-graph,
             # and a second saturation lets stacks cancel against splits and cats.

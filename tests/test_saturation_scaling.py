@@ -152,9 +152,11 @@ def test_load_past_its_deadline_keeps_the_original():
 
 @pytest.mark.parametrize("name", ["swap_halves_chain", "mul_chain"])
 def test_time_limit_bounds_the_whole_run(name):
-    # The budget bounds every phase together: a 1 s limit on graphs that take several
-    # seconds returns in about that (the slack is for the phases that cannot stop early,
-    # estimated from the translation's time, on a machine shared with other jobs).
+    # The budget bounds every phase together: a 1 s limit on graphs that take seconds
+    # unbounded returns in about that. The phases' own times are what the budget
+    # controls (the slack is for the phases that cannot stop early); the wall clock
+    # around the call also holds a loaded CI machine's pauses (a garbage collection
+    # after hundreds of tests took 3 s there), so it is only bounded loosely.
     import time
 
     gm, inputs = GENERATORS[name](6000)
@@ -165,6 +167,7 @@ def test_time_limit_bounds_the_whole_run(name):
     took = time.perf_counter() - start
     report = out.meta["optimus_eqsat"]
     assert report.stop_reason == "time_limit", report.summary()
-    assert took < 1.0 + 2.0, (took, report.phase_seconds)
+    assert sum(report.phase_seconds.values()) < 1.0 + 1.0, report.phase_seconds
+    assert took < 10.0, (took, report.phase_seconds)
     torch = pytest.importorskip("torch")
     torch.testing.assert_close(out(*inputs)[0], gm(*inputs)[0], rtol=1e-4, atol=1e-5)
