@@ -230,8 +230,11 @@ class OptimizationRun:
             return None  # predicted alike: unchanged, not a fallback
         if after > before * (1 + 1e-9):
             return f"predicted cost rose ({before:.3e} s -> {after:.3e} s)"
-        if after > before * (1 - min_gain):
-            return f"predicted gain {1 - after / before:.2%} below min_gain {min_gain:.0%} ({before:.3e} s -> {after:.3e} s)"
+        step = before + self.options.rest_of_step_s  # min_gain is a fraction of the whole step
+        if before - after < min_gain * step:
+            of = "" if step == before else f" of a {step:.3e} s step"
+            return (f"predicted gain {(before - after) / step:.2%}{of} below min_gain {min_gain:.0%} "
+                    f"({before:.3e} s -> {after:.3e} s)")
         return None
 
     def group_moves(self) -> list[GroupMove]:

@@ -47,7 +47,11 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       beyond the noise (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what
       was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
       timing on the first call; nothing when no pass rewrote the graph (the compiled
-      program is then the original graph, kept untimed);
+      program is then the original graph, kept untimed; in training on the CPU with its
+      bool masks recomputed from saved tensors, :mod:`optimus_eqsat.postgrad.bool_masks`,
+      which costs no memory and no speed), and no pass rewrites a graph for less than
+      ``min_gain`` of the predicted step (a backward graph's gain counts against its
+      forward's time too);
     - ``measure_budget_s`` (default 1.0): seconds of interleaved timing;
     - ``memory_slack`` (default ``(1.05, 65536)``): the measured choice keeps a faster program
       only when its peak memory (inputs and parameters included) stays within this factor of
@@ -130,13 +134,14 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             backend.reports.append(report)
         mine: list[tuple[str, OptimizeReport]] = []  # this compile's post-grad reports
         masks: list[int] = []  # masks this compile's joint graphs recompute
+        sliced: list[int] = []  # of those, masks read from a slice of a concatenation (memory risk)
         # The forward's aten graph of a program the pre-grad pass rewrote is that program
         # decomposed: across the zoo (both modes, batch 256) its post-grad pass never kept a
         # rewrite and cost up to 1.6 s (ple inference). The backward, which autograd wrote, is
         # still optimized.
         roles = ("backward",) if pre_changed else ("forward", "backward")
         patches = {**(post_grad_patches(options, post_reports, mine, roles=roles) if post_grad else {}),
-                   **(mask_patches(masks) if recompute_masks else {})}
+                   **(mask_patches(masks, sliced=[sliced]) if recompute_masks else {})}
         # (under Inductor's freezing, Inductor folds that work itself)
         cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
             and not freezing_enabled()
@@ -154,7 +159,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                 return post_grad and _post_grad_rewrote(mine, training)
 
             rewritten = None if pre_changed else (
-                lambda training: (recompute_masks and _masks_recomputed(masks, training)) or post_rewrote(training))
+                lambda training: (recompute_masks and _masks_recomputed(sliced, training)) or post_rewrote(training))
             # Masks recomputed: the original graph with the masks alone, compiled with Inductor's
             # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites,
             # and the in-place reuse our programs go without (INDUCTOR_PATCHES), can cost memory
@@ -189,14 +194,16 @@ def post_grad_patches(options: dict[str, Any], *reports: list[tuple[str, Optimiz
     return _after_theirs("post_grad_custom_pre_pass", ours)
 
 
-def mask_patches(*counts: list[int]) -> dict[str, Any]:
+def mask_patches(*counts: list[int], sliced: Sequence[list[int]] = ()) -> dict[str, Any]:
     """Inductor config patches that add :class:`~.postgrad.bool_masks.RecomputeMasks` after
     any joint-graph pass the user installed; how many masks each joint graph recomputes goes
-    to every list in ``counts``."""
+    to every list in ``counts``, how many of them read a slice of a concatenation to every
+    list in ``sliced``."""
     from .postgrad.bool_masks import RecomputeMasks
 
     ours = RecomputeMasks()
     ours.sinks = list(counts)
+    ours.sliced_sinks = list(sliced)
     return _after_theirs("joint_custom_post_pass", ours)
 
 
@@ -277,8 +284,10 @@ def _post_grad_rewrote(reports: list[tuple[str, OptimizeReport]], training: bool
 
 
 def _masks_recomputed(counts: list[int], training: bool) -> bool:
-    """Whether the joint-graph pass marked masks in this compile, or may have: in training a
-    joint graph it did not see (a cache served the program) counts as marked."""
+    """Whether the joint-graph pass marked masks (of the kind ``counts`` counts) in this
+    compile, or may have: in training a joint graph it did not see (a cache served the
+    program) counts as marked. The backend asks it of the masks read from a slice of a
+    concatenation: only those can cost memory, and need the measured choice."""
     return training and (not counts or any(counts))
 
 

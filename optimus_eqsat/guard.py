@@ -473,7 +473,8 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
             if not rewritten(training):
                 # (no timing_s: that step was mostly the backward's compile, which any compile pays)
                 return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
-                                   reason="no pass rewrote the graph, so the program is the original, compiled once")
+                                   reason="no rewrite that needs timing (the program is the original, or it with bool masks "
+                                          "recomputed), compiled once")
         layouts: dict[str, list[Any]] = {}
         rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s,
                                        layouts)

@@ -62,6 +62,10 @@ class OptimizeOptions:
             error and below the 1% margin by which its measured choice must see a program
             faster, so rewriting for it would buy a second compile and a timing on the first
             call for a program the measurement then drops.
+        rest_of_step_s: predicted seconds of the rest of the step this graph is a piece of
+            (a backward graph's forward): ``min_gain`` is then a fraction of the whole step,
+            so a rewrite that saves 2% of a small backward but 0.1% of the step is not worth
+            a second program. 0 (the default): the graph is the whole step.
         refine_batches: re-extract without each kind of batch and keep the variant the
             fusion-aware cost model (fx_cost) predicts fastest.
         refine_time_limit_s: a refine variant is started only when it is expected to end
@@ -87,6 +91,7 @@ class OptimizeOptions:
     raise_on_error: bool = False
     never_worse: bool = True
     min_gain: float = 0.0
+    rest_of_step_s: float = 0.0
     refine_batches: bool = True
     refine_time_limit_s: float = 10.0
     record_eclasses: bool = False
@@ -122,6 +127,8 @@ class OptimizeOptions:
             raise ValueError(f"unknown extractor {self.extractor!r}; choose auto, greedy or ilp")
         if not 0.0 <= self.min_gain < 1.0:
             raise ValueError(f"min_gain is a fraction of the step time in [0, 1); got {self.min_gain!r}")
+        if not self.rest_of_step_s >= 0.0:
+            raise ValueError(f"rest_of_step_s is a predicted time in seconds (>= 0); got {self.rest_of_step_s!r}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose {', '.join(MODES)}")
         try:

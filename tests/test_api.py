@@ -101,6 +101,22 @@ def test_a_predicted_gain_below_min_gain_keeps_the_original():
         optimize_graph(gm, (x,), min_gain=1.5)
 
 
+def test_min_gain_of_a_piece_of_a_step_counts_the_rest_of_the_step():
+    """A backward graph's gain is weighed against the whole step (its forward's time too)."""
+    gm = torch.fx.symbolic_trace(Model())
+    x = torch.randn(5, 12)
+    alone = optimize_graph(gm, (x,), profile="cpu").meta["optimus_eqsat"]
+    gain = alone.cost_before - alone.cost_after
+    assert gain > 0
+    rest = 100 * alone.cost_before  # the gain is under 1% of such a step
+    report = optimize_graph(gm, (x,), profile="cpu", min_gain=0.01, rest_of_step_s=rest).meta["optimus_eqsat"]
+    assert report.fell_back and not report.changed and f"of a {alone.cost_before + rest:.3e} s step" in report.fallback_reason
+    assert optimize_graph(gm, (x,), profile="cpu", min_gain=gain / (alone.cost_before + rest) / 2,
+                          rest_of_step_s=rest).meta["optimus_eqsat"].changed
+    with pytest.raises(ValueError, match="rest_of_step_s"):
+        optimize_graph(gm, (x,), rest_of_step_s=-1.0)
+
+
 def _raise_runtime_error(*args, **kwargs):
     raise RuntimeError("a failure inside the optimizer")
 

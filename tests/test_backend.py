@@ -41,8 +41,17 @@ def test_measured_training_step_updates_batch_norm_statistics_once():
     are copies, so the user's buffers see that call's update alone, as in eager."""
     import copy
 
+    class SplitScaleCat(nn.Module):  # the pre-grad pass rewrites it, so the choice times it
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.bn, self.b = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.bn(self.a(x)))
+            return self.b(torch.cat([p * 2 for p in torch.split(h, 4, dim=1)], dim=1))
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).train()
+    model = SplitScaleCat().train()
     reference = copy.deepcopy(model)
     backend = make_backend(measure_budget_s=0.05)
     torch._dynamo.reset()
@@ -53,6 +62,21 @@ def test_measured_training_step_updates_batch_norm_statistics_once():
     assert backend.reports[-1].measured is not None and backend.reports[-1].measured.rounds > 0
     for (name, a), b in zip(model.named_buffers(), reference.buffers()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_training_step_with_only_its_masks_recomputed_is_compiled_once_untimed():
+    """Nothing to batch (a ReLU MLP): the only change is the bool masks recomputed from saved
+    tensors, which costs no memory, so the step is Inductor's one compile, not timed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).train()
+    backend = make_backend(measure_budget_s=0.05)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch.compile(model, backend=backend)(torch.randn(32, 8)).sum().backward()
+    report = backend.reports[-1]
+    assert report.recomputed_masks >= 1
+    assert report.measured is not None and report.measured.rounds == 0 and not report.measured.compile_s
+    assert "no rewrite that needs timing" in report.measured.reason
 
 
 def test_backend_compiles_through_inductor():

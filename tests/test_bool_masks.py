@@ -47,9 +47,14 @@ def _joint_relu_graph(mask_source: str) -> tuple[torch.fx.Graph, torch.fx.Node]:
 
 def test_mask_of_a_tensor_the_backward_reads_is_recomputed():
     graph, mask = _joint_relu_graph("relu")
-    assert recomputable_masks(graph) == [mask]
-    RecomputeMasks()(graph)
+    sliced: list[torch.fx.Node] = []
+    assert recomputable_masks(graph, sliced) == [mask] and sliced == []
+    counts, sliced_counts = [], []
+    masks = RecomputeMasks()
+    masks.sinks, masks.sliced_sinks = [counts], [sliced_counts]
+    masks(graph)
     assert mask.meta["recompute"] == CheckpointPolicy.MUST_RECOMPUTE
+    assert counts == [1] and sliced_counts == [0]
 
 
 def test_mask_of_random_numbers_stays_saved():
@@ -72,7 +77,8 @@ def test_mask_of_a_piece_of_a_saved_cat_reads_the_cat():
     mask = _node(graph, aten.le.Scalar, (rb, 0), b <= 0)
     grad_pb = _node(graph, aten.where.self, (mask, 0.0, grad_b), grad_b.meta["val"])
     graph.output((out, grad_pb))
-    assert recomputable_masks(graph) == [mask]
+    sliced: list[torch.fx.Node] = []
+    assert recomputable_masks(graph, sliced) == [mask] and sliced == [mask]  # (the one kind that is timed)
     piece = mask.args[0]
     assert piece.target is aten.slice.Tensor and piece.args == (cat, 1, 3, 5)
     graph.lint()

@@ -23,8 +23,11 @@ decides. Masks of anything else (a dropout's random numbers, say) stay saved:
 recomputing those would save four bytes where one was.
 
 Only graphs on the CPU are touched; Triton stores bool tensors at full speed. The
-backend installs the pass around its own compile (``recompute_masks=True``), and the
-measured choice times the result against Inductor's own program.
+backend installs the pass around its own compile (``recompute_masks=True``). Masks
+recomputed from saved tensors alone save no more bytes and store no bool tensor, so
+they need no measurement: the measured choice times the result against Inductor's own
+program only where a mask reads a slice of a concatenation (or another rewrite of ours
+is in the program).
 """
 
 from __future__ import annotations
@@ -118,12 +121,13 @@ def _depends_on(node: torch.fx.Node, ancestor: torch.fx.Node, position: dict[tor
     return False
 
 
-def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+def recomputable_masks(graph: torch.fx.Graph, sliced: list[torch.fx.Node] | None = None) -> list[torch.fx.Node]:
     """Marks-to-be: the forward nodes of a joint ``graph`` that compute a bool tensor from
     tensors the backward has anyway (see the module docstring): inputs of the graph, tensors
     the backward reads, other such masks, or pieces of a concatenation the backward reads
     (the mask's argument is then rewritten to that slice of the concatenation, in place).
-    Outputs of the graph are left alone."""
+    Outputs of the graph are left alone. The masks read from such a slice (which hold the
+    concatenation longer, see the module docstring) are also appended to ``sliced``."""
     backward = _backward_nodes(graph)
     if not backward:
         return []
@@ -147,6 +151,8 @@ def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
                 piece = graph.call_function(torch.ops.aten.slice.Tensor, (cat, dim, start, end))
             piece.meta["val"] = _value(arg)
             node.replace_input_with(arg, piece)
+        if pieces and sliced is not None:
+            sliced.append(node)
         masks.append(node)
     return masks
 
@@ -154,23 +160,28 @@ def recomputable_masks(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 class RecomputeMasks(CustomGraphPass):
     """Inductor ``joint_custom_post_pass``: marks :func:`recomputable_masks` for
     recomputation in the backward. How many it marked in each joint graph goes to every
-    list in ``sinks``."""
+    list in ``sinks``; how many of those read a slice of a concatenation (the only ones that
+    can raise the peak memory) to every list in ``sliced_sinks``."""
 
     def __init__(self) -> None:
         self.sinks: list[list[int]] = []
+        self.sliced_sinks: list[list[int]] = []
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        sliced: list[torch.fx.Node] = []
         try:
-            masks = recomputable_masks(graph)
+            masks = recomputable_masks(graph, sliced)
         except Exception as exc:  # never fail the user's compile: its rewrites are exact, tags optional
             if is_dynamo_signal(exc):
                 raise
             log.warning("optimus_eqsat joint graph: masks left saved: %s", first_line(exc))
-            masks = []
+            masks, sliced = [], []
         for node in masks:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
         for sink in self.sinks:
             sink.append(len(masks))
+        for sink in self.sliced_sinks:
+            sink.append(len(sliced))
 
     def uuid(self) -> bytes:
         return get_hash_for_files((__file__,), "recompute-masks")

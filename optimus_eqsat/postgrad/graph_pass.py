@@ -127,7 +127,9 @@ class PostGradPass(CustomGraphPass):
     patches the keys it writes around its compile; installed by hand, compile with
     ``config.patch(INDUCTOR_PATCHES)`` instead). Reports are appended as ``(role, report)`` pairs,
     role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set).
-    ``roles``: the graphs it optimizes; another is left as it is (and reported so)."""
+    ``roles``: the graphs it optimizes; another is left as it is (and reported so). A backward
+    graph's ``min_gain`` is a fraction of the whole step: the forward it follows (the last
+    forward graph the pass optimized) counts as the rest of the step."""
 
     def __init__(self, require_fewer_launches: bool = True, turn_off_inplace: bool = False,
                  roles: tuple[str, ...] = ("forward", "backward"), **options: Any):
@@ -142,6 +144,7 @@ class PostGradPass(CustomGraphPass):
         self.roles = tuple(roles)
         self.reports: list[tuple[str, OptimizeReport]] = []
         self.sinks = [self.reports]  # every list the (role, report) pairs go to
+        self._forward_cost_s = 0.0  # predicted time of the last forward graph it saw (0: unknown)
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
@@ -149,8 +152,12 @@ class PostGradPass(CustomGraphPass):
             self._report(role, OptimizeReport(fell_back=True, fallback_reason=f"post-grad: the {role} graph is "
                                                                               "not among those to optimize; kept"))
             return
+        options = self.options
+        if role == "backward" and self._forward_cost_s and "rest_of_step_s" not in options:
+            # the forward's predicted time: a backward's rewrite must be worth min_gain of the step
+            options = {**options, "rest_of_step_s": self._forward_cost_s}
         try:
-            report = optimize_aten_graph(graph, self.require_fewer_launches, self.turn_off_inplace, **self.options)
+            report = optimize_aten_graph(graph, self.require_fewer_launches, self.turn_off_inplace, **options)
         except Exception as exc:
             if is_dynamo_signal(exc):
                 raise
@@ -161,6 +168,8 @@ class PostGradPass(CustomGraphPass):
         if report is None:  # every call is reported: the backend reads which graphs the pass saw
             report = OptimizeReport(fell_back=True, fallback_reason="post-grad: skipped (symbolic shapes or "
                                                                     "no fake inputs); kept the graph")
+        if role == "forward":
+            self._forward_cost_s = report.cost_before or 0.0
         self._report(role, report)
 
     def _report(self, role: str, report: OptimizeReport) -> None:
