@@ -1,11 +1,13 @@
 """Elementwise ops of equal shapes -> one op over stacked operands.
 
-Covers Inductor's batch_tanh/sigmoid/relu (25, 30), batch_detach/nan_to_num/
-clamp/dropout (26) and batch_aten_add/sub/mul/div (29): any Unary, Scalar or
+Covers Inductor's batch_tanh/sigmoid/relu (25, 30), batch_nan_to_num/clamp/dropout
+(26) and batch_aten_add/sub/mul/div (29): any Unary, Scalar or
 Binary op whose key is pointwise; and the elementwise ops of several tensors
 that backward graphs hold (``where`` of a relu gradient, ``prims.fma`` of a
 softmax gradient, ``threshold_backward``, ``sigmoid_backward``, ...), which the
-translator keeps as Op2/Op3 terms.
+translator keeps as Op2/Op3 terms. Not ``detach`` (Optimus batches it too): it
+launches nothing, so a batch of detaches only adds the stack of their inputs (in
+training that stacked every batch norm's statistics before their running update).
 
 An operand every member shares (the zero of ``where(mask, 0, grad)``) is not
 stacked: elementwise ops broadcast, and a shared operand of at most the output's
@@ -15,7 +17,7 @@ rank broadcasts against the stack's new leading dim exactly as against each memb
 from __future__ import annotations
 
 from ...normalize import ELEMENTWISE_MULTI, ELEMENTWISE_UNARY
-from ...fxvocab import target_name
+from ...fxvocab import VIEW_OPS, target_name
 from ...opspec import POINTWISE, OpSpec
 from ...term import CTORS, ELEMENTWISE_CTORS, Id, Scalar, Term
 from ...translate import Translation
@@ -57,6 +59,8 @@ class Elementwise(BatchKind):
         if not shapes_known(t, c) or spec is None or spec.kind != POINTWISE:
             return None
         if c.ctor not in ELEMENTWISE_CTORS and not (c.ctor in _OP_CTORS and is_elementwise_op(spec)):
+            return None
+        if target_name(spec.target) in VIEW_OPS:  # detach launches nothing: batching it only adds the stack
             return None
         return (c.ctor, c.key, tuple(t.shapes[o] for o in c.operands), c.scalar_key, t.dtypes.get(c.node))
 
