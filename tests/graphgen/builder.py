@@ -30,9 +30,11 @@ _NUM_EMB = 10  # rows of every embedding table (and the bound of the index input
 class _Builder:
     """Graph under construction plus its concrete evaluation."""
 
-    def __init__(self, seed: int, *, opaque: bool, inplace: bool, params: bool, dropout_p: float = 0.0) -> None:
+    def __init__(self, seed: int, *, opaque: bool, inplace: bool, params: bool, dropout_p: float = 0.0,
+                 dynamo: bool = False) -> None:
         self.rng = random.Random(seed)
         self.dropout_p = dropout_p  # the probability of every dropout the training builders emit
+        self.dynamo = dynamo  # the program is captured by Dynamo afterwards (builders avoid what it cannot capture)
         self.gen = torch.Generator().manual_seed(seed)
         self.opaque, self.inplace, self.params = opaque, inplace, params
         self.graph = fx.Graph()

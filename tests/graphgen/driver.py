@@ -216,7 +216,7 @@ def random_graph(
 def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bool, with_meta: bool, dynamo: bool,
                   dynamic_batch: bool = False, dtype: torch.dtype = torch.float32, train: bool = False,
                   checkpoint: bool = False, dropout_p: float = 0.0) -> GeneratedGraph:
-    b = _Builder(seed, opaque=opaque, inplace=inplace, params=params, dropout_p=dropout_p)
+    b = _Builder(seed, opaque=opaque, inplace=inplace, params=params, dropout_p=dropout_p, dynamo=dynamo)
     enabled = {"": True, "opaque": opaque, "inplace": inplace, "train": train, "checkpoint": checkpoint}
     _make_inputs(b)
     table = [(fn, w) for _, w, fn, need in BUILDERS if enabled[need]]

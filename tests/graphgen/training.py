@@ -2,7 +2,8 @@
 
 - ``b_batch_norm``: a training-mode batch norm over a (N, C) or (N, C, L) value, as a
   ``BatchNorm1d`` submodule (``call_module``; momentum 0.1, 0.3 or None, affine or not)
-  (momentum None: a cumulative average counted by ``num_batches_tracked``) or as
+  (momentum None: a cumulative average counted by ``num_batches_tracked``; never in a
+  program for Dynamo, which cannot capture it: see the builder) or as
   ``F.batch_norm`` with running statistics registered as buffers of the root
   (``get_attr``); either writes its running statistics when the program runs.
 - ``b_dropout``: a dropout of probability ``_Builder.dropout_p`` (0 unless a flavour asks
@@ -89,6 +90,11 @@ def b_batch_norm(b: _Builder) -> bool:
         return False
     channels = b.shape(x)[1]
     momentum: Optional[float] = b.choice([0.1, 0.3, None])
+    if momentum is None and b.dynamo:
+        # A cumulative average divides by ``float(num_batches_tracked)``, a lifted buffer input
+        # under Dynamo: a data-dependent guard it cannot capture in one graph. Drawn all the same
+        # (the rest of the program stays the one its seed gives), it becomes an exponential average.
+        momentum = 0.1
     if b.coin(0.6):
         affine = b.coin(0.8)
         name = _register(b, "bn", _new_module(nn.BatchNorm1d, channels, momentum=momentum, affine=affine).train())
