@@ -21,13 +21,38 @@ def has_fake_meta(gm: torch.fx.GraphModule) -> bool:
     return any("val" in n.meta or "example_value" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
 
 
+# What Dynamo attaches to the GraphModule it hands a backend, beyond the graph: which
+# placeholders are parameters, buffers and their sources. Inductor reads it (a copy
+# without it compiled deepctr's DNN training step to one kernel more than the original).
+_DYNAMO_MODULE_ATTRIBUTES = ("_param_name_to_source", "_source_to_user_stacks", "shape_env",
+                             "compile_subgraph_reason")
+
+
+def carry_dynamo_attributes(source: torch.fx.GraphModule, target: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``target`` with what Dynamo attached to ``source`` (its meta, the module attributes
+    above and each placeholder's ``_dynamo_source``, matched by name): a graph built from
+    Dynamo's compiles as Dynamo's own would. Returns ``target``."""
+    for key, value in source.meta.items():
+        target.meta.setdefault(key, value)
+    for name in _DYNAMO_MODULE_ATTRIBUTES:
+        if name in source.__dict__ and name not in target.__dict__:
+            setattr(target, name, source.__dict__[name])
+    sources = {n.name: n._dynamo_source for n in source.graph.nodes
+               if n.op == "placeholder" and hasattr(n, "_dynamo_source")}
+    for node in target.graph.nodes:
+        if node.op == "placeholder" and node.name in sources and not hasattr(node, "_dynamo_source"):
+            node._dynamo_source = sources[node.name]
+    return target
+
+
 def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A new GraphModule with a copy of ``gm``'s graph (the fallback result: the input is never returned)."""
+    """A new GraphModule with a copy of ``gm``'s graph and what Dynamo attached to it (the
+    fallback result: the input is never returned)."""
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
     graph._codegen = gm.graph._codegen
-    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    return carry_dynamo_attributes(gm, torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__))
 
 
 def predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, objective: Any) -> tuple[int, float]:

@@ -34,7 +34,7 @@ from .fxvocab import (
     target_name,
 )
 from .checkpoint_regions import region_tags
-from .fxvocab.meta import meta_value
+from .fx_graphs import carry_dynamo_attributes
 from .fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
 from .rebuild_sizes import SizeWriter
 from .term import CTORS, OP_CTORS
@@ -111,7 +111,7 @@ class Rebuilder:
             _tag_region_inputs(self.graph)
         gm = torch.fx.GraphModule(self.t.gm, self.graph, class_name=type(self.t.gm).__name__)
         gm.graph.lint()
-        return gm
+        return carry_dynamo_attributes(self.t.gm, gm)
 
     def _original_input_aliases(self) -> set[torch.fx.Node]:
         aliases: set[torch.fx.Node] = set()
@@ -145,16 +145,22 @@ class Rebuilder:
         return self.of_original[i]
 
     def _same_layout_arg(self, a: torch.fx.Node) -> torch.fx.Node:
-        """The emitted value of ``a``, made contiguous where ``a`` was (or its layout is unknown)
-        and the value is another node: a random op draws its numbers in memory order, so a
-        view emitted for a contiguous value (a cat of a permute's splits is the permute)
-        would change which element gets which number."""
+        """The emitted value of ``a`` laid out in memory in the order ``a`` was: a random op
+        draws its numbers in the memory order of its input (``empty_like`` keeps the order
+        of the strides), and an emitted value may be laid out otherwise (a cat of a permute's
+        splits is the permute; a permuted view may come back computed contiguously). The
+        original graph's own inputs are passed as they are; a value of unknown layout (no
+        value in the translation's run) is made contiguous."""
         new = self._original_arg(a)
-        value = meta_value(a)
-        if new is self.of_original.get(self.t.index[a]) and self.t.nodes[self.t.index[a]].op == "placeholder" \
-                or (isinstance(value, torch.Tensor) and not value.is_contiguous()):
+        i = self.t.index[a]
+        if new is self.of_original.get(i) and self.t.nodes[i].op == "placeholder":
             return new
-        return self.graph.call_method("contiguous", (new,))
+        order = self.t.memory_orders.get(i)
+        if order is None or order == list(range(len(order))):
+            return self.graph.call_method("contiguous", (new,))
+        inverse = [order.index(d) for d in range(len(order))]
+        dense = self.graph.call_method("contiguous", (self.graph.call_method("permute", (new, *order)),))
+        return self.graph.call_method("permute", (dense, *inverse))
 
     def _task_for_original(self, i: int) -> tuple[str, int]:
         if self.t.status.get(i) in ("term", "leaf"):

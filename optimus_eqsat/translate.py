@@ -42,6 +42,7 @@ from .fxvocab import (  # noqa: F401  (re-exported)
     canonical_name,
     check_example_inputs,
     node_values,
+    memory_order,
     record_shapes,
 )
 from .fxvocab.mutation import (  # noqa: F401
@@ -98,6 +99,8 @@ class Translation:
     batch_members: dict[int, tuple[int, ...]] = field(default_factory=dict)  # batched term id -> member ids
     # random ops whose inputs' memory layout decides their numbers (eager's stream, under fallback_random)
     layout_sensitive: set[int] = field(default_factory=set)
+    # inputs of those ops -> their dims outermost-first in memory (fxvocab.meta.memory_order)
+    memory_orders: dict[int, list[int]] = field(default_factory=dict)
     opaque_reasons: dict[int, str] = field(default_factory=dict)
     registry: OpRegistry = field(default_factory=OpRegistry)
     copied: set[int] = field(default_factory=set)  # nodes copied verbatim (opaque, and pieces they read)
@@ -268,6 +271,7 @@ class Translator:
         if example_inputs is not None:
             check_example_inputs(gm, example_inputs)
         values = node_values(gm, example_inputs)
+        self.values = values  # (the layouts of random ops' inputs are read from it)
         symbols = self.t.symbols
         for i, n in enumerate(self.nodes):
             value = values[n]
@@ -375,6 +379,11 @@ class Translator:
                                  or (keep_rng_order and _random(self.gm, node)))
         if keep_rng_order:
             t.layout_sensitive = {i for i in t.ordered if _random(self.gm, self.nodes[i])}
+            for i in t.layout_sensitive:
+                for arg in self.nodes[i].all_input_nodes:
+                    value = self.values.get(arg)
+                    if isinstance(value, torch.Tensor):
+                        t.memory_orders[self.ids[arg]] = memory_order(value)
         self._order_effects(memory, keep_rng_order)
         self._collect_roots()
         t.next_id = len(self.nodes)

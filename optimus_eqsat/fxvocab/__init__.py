@@ -23,6 +23,7 @@ from .meta import (
     TensorInfo,
     check_example_inputs,
     fetch_attr,
+    memory_order,
     meta_value,
     node_tensor_infos,
     node_values,
@@ -66,5 +67,5 @@ __all__ = [
     "WHOLE_VIEW_OPS", "module_kind", "op_kind",
     "call_name", "canonical_name", "op_label", "target_name",
     "SHAPE_META", "ExampleInputError", "TensorInfo", "check_example_inputs", "fetch_attr", "meta_value",
-    "node_tensor_infos", "node_values", "record_shapes", "tensor_infos",
+    "memory_order", "node_tensor_infos", "node_values", "record_shapes", "tensor_infos",
 ]

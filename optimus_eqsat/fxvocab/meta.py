@@ -84,6 +84,13 @@ def tensor_infos(value: Any) -> list[TensorInfo] | None:
     return []  # int, float, SymInt, bool: known and not a tensor
 
 
+def memory_order(value: torch.Tensor) -> list[int]:
+    """``value``'s dims from the outermost in memory to the innermost (largest stride first;
+    ties, of size-1 or broadcast dims, in dim order): the layout ``empty_like`` gives, so the
+    order in which a random op over ``value`` draws its numbers."""
+    return sorted(range(value.dim()), key=lambda d: -value.stride(d))
+
+
 def meta_value(node: torch.fx.Node) -> Any:
     """What node meta says ``node`` holds: the first of ``meta["val"]``,
     ``["example_value"]``, ``["tensor_meta"]`` that is set; None if none is."""
@@ -142,11 +149,20 @@ def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list)
                 f"{tuple(int(w) if isinstance(w, int) else str(w) for w in want)} {meta.dtype}")
 
 
+def _meta_like(x: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of ``x``'s shape, dtype and strides (the layout decides the order a random
+    op draws in); contiguous where ``x`` has no strides (a sparse tensor)."""
+    try:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    except (RuntimeError, NotImplementedError):
+        return torch.empty(0).new_empty(x.shape, dtype=x.dtype, device="meta")
+
+
 def _to_meta(value: Any) -> tuple[Any, bool]:
-    """``value`` with every tensor replaced by a meta tensor of its shape and dtype,
+    """``value`` with every tensor replaced by a meta tensor like it (:func:`_meta_like`),
     and whether it held a tensor."""
     if isinstance(value, torch.Tensor):
-        return torch.empty(0).new_empty(value.shape, dtype=value.dtype, device="meta"), True
+        return _meta_like(value), True
     if not isinstance(value, (tuple, list, dict)):
         return value, False
     found = False
@@ -155,7 +171,7 @@ def _to_meta(value: Any) -> tuple[Any, bool]:
         nonlocal found
         if isinstance(x, torch.Tensor):
             found = True
-            return torch.empty(0).new_empty(x.shape, dtype=x.dtype, device="meta")
+            return _meta_like(x)
         return x
 
     return map_aggregate(value, convert), found
