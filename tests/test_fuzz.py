@@ -663,7 +663,7 @@ def test_harness_catches_mutated_input_module() -> None:
 @pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
 @pytest.mark.parametrize("flavour,seed", [("inplace", 1104), ("inplace", 687), ("plain", 2293), ("opaque", 712), ("dynamic", 104),
                                          ("train_dynamo", 8), ("train_dynamo", 16), ("train_dropout", 79),
-                                         ("train_dropout", 33)])
+                                         ("train_dropout", 33), ("train_dropout", 88)])
 def test_cases_found_at_scale(flavour: str, seed: int) -> None:
     """Graphs the 10,000-graph run flagged. inplace-1104: a batched linear whose members sat
     before and after a run of in-place ops on one buffer made the rebuild emit those ops in
@@ -677,7 +677,8 @@ def test_cases_found_at_scale(flavour: str, seed: int) -> None:
     train_dropout-79 and -33: a dropout under fallback_random whose input was a permuted view
     got that value computed contiguously, so its mask fell on other elements (the run for
     shapes recorded meta tensors without strides; the rebuild now lays the input out in the
-    original's memory order)."""
+    original's memory order). train_dropout-88: the same for a broadcast (expand), which eager's
+    dropout draws over laid out contiguously (empty_like of a non-dense tensor)."""
     g = make_case(flavour, seed)
     opts = FLAVOURS[flavour][0]
     try:

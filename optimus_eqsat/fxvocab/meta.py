@@ -85,10 +85,13 @@ def tensor_infos(value: Any) -> list[TensorInfo] | None:
 
 
 def memory_order(value: torch.Tensor) -> list[int]:
-    """``value``'s dims from the outermost in memory to the innermost (largest stride first;
-    ties, of size-1 or broadcast dims, in dim order): the layout ``empty_like`` gives, so the
-    order in which a random op over ``value`` draws its numbers."""
-    return sorted(range(value.dim()), key=lambda d: -value.stride(d))
+    """The dims of the buffer ``empty_like(value)`` allocates, from the outermost in memory to
+    the innermost: so the order in which a random op over ``value`` draws its numbers.
+    ``empty_like`` keeps a dense tensor's strides and lays out any other (a broadcast, a
+    strided slice) as it suggests (contiguous, mostly); largest stride first, ties (size-1
+    dims) in dim order."""
+    like = torch.empty_like(value, device="meta")  # what eager allocates, without the memory
+    return sorted(range(like.dim()), key=lambda d: -like.stride(d))
 
 
 def meta_value(node: torch.fx.Node) -> Any:
