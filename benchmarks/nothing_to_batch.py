@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rounds import round_order
+from benchmarks.stats import spread
+
 METHODS = ("inductor", "optimus_eqsat")
 
 
@@ -59,7 +62,8 @@ def run(model: str, method: str, batch: int, steps: int) -> dict[str, Any]:
 
 
 def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+    s = spread(values)
+    return f"{s.median:.2f} [{s.p10:.2f}, {s.p90:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k in range(args.repeats):
         for model in models:
-            for method in METHODS if k % 2 == 0 else reversed(METHODS):  # alternate who goes first
+            for method in round_order(list(METHODS), k):
                 result = run(model, method, args.batch, args.steps)
                 runs.setdefault((model, method), []).append(result)
                 print(f"round {k}: {model} {method}: first step {result['first_s']:.1f} s, "
                       f"step {result['step_ms']:.1f} ms", file=sys.stderr, flush=True)
-    lines = ["| model | Inductor first step s | ours first step s | ours / Inductor, first step: median [min, max] "
-             "| Inductor step ms | ours step ms | ours / Inductor, step: median [min, max] |", "|---|---|---|---|---|---|---|"]
+    lines = ["| model | Inductor first step s | ours first step s | ours / Inductor, first step: median [p10, p90] "
+             "| Inductor step ms | ours step ms | ours / Inductor, step: median [p10, p90] |", "|---|---|---|---|---|---|---|"]
     for model in models:
         ind, ours = runs[(model, "inductor")], runs[(model, "optimus_eqsat")]
         first = [o["first_s"] / i["first_s"] for i, o in zip(ind, ours)]
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         head = [f"# Models with nothing to batch: cold compile and step time in training", "",
                 f"Command: `{command}`", "",
                 f"Batch {args.batch}, one thread, CPU ({os.cpu_count()} cores, shared); each run its own process with an "
-                "empty Inductor cache; ratios paired per round.", ""]
+                "empty Inductor cache; ratios paired per round (median and 10th / 90th percentiles).", ""]
         Path(args.out).write_text("\n".join(head) + table + "\n")
     return 0
 
