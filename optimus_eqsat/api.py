@@ -27,6 +27,7 @@ from .keep_gradients import keep_gradient_inputs
 from .own_outputs import own_sliced_outputs
 from .objective import Objective
 from .options import OptimizeOptions
+from .program_cache import load_program, program_key, store_program
 from .rebuild import propagate_meta, rebuild
 from .report import OptimizeReport
 from .run_support import gc_paused, phase
@@ -67,10 +68,17 @@ def optimize_graph(
     opts = OptimizeOptions.from_kwargs(**options)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"optimize_graph takes a torch.fx.GraphModule, got {type(gm).__name__}")
+    key = _program_key(gm, example_inputs, opts)
+    cached = load_program(key, gm, example_inputs) if key is not None else None
+    if cached is not None:
+        return cached
     report = OptimizeReport(nodes_before=op_count(gm))
+    wants_meta = None  # whether the run propagated fake-tensor meta (known once it ran)
     try:
         with gc_paused():
-            result = OptimizationRun(gm, example_inputs, opts, report).optimize()
+            run = OptimizationRun(gm, example_inputs, opts, report)
+            result = run.optimize()
+            wants_meta = run._wants_meta
     except PinnedSize as exc:  # declined, not failed: the graph is returned as it is
         log.info("optimus_eqsat: graph declined: %s", exc)
         report.fell_back, report.fallback_reason = True, f"declined: {exc}"
@@ -90,7 +98,18 @@ def optimize_graph(
         result = copy_module(gm)
     report.nodes_after = op_count(result)
     result.meta["optimus_eqsat"] = report
+    if key is not None:
+        store_program(key, gm, result, report, bool(wants_meta))
     return result
+
+
+def _program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, opts: OptimizeOptions) -> str | None:
+    """The persistent cache's key of this optimization, or None (cache off, or not keyable)."""
+    try:
+        return program_key(gm, example_inputs, opts)
+    except Exception as exc:  # the cache is an aid: never a reason to fail
+        log.info("optimus_eqsat: not cached (%s: %s)", type(exc).__name__, exc)
+        return None
 
 
 class OptimizationRun:

@@ -25,6 +25,7 @@ from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile
 from .inductor_compat import first_line, inductor_patches, is_dynamo_signal
 from .objective import freezing_enabled
 from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
+from .program_cache import StoredDecision, decision_key, load_decision, program_key, store_decision
 from .report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
@@ -108,10 +109,25 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                 patches.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
             return compile_with_us(gm, example_inputs)
 
+    decision_options = (use_inductor, inductor_config, budget_s, memory_slack, pre_grad, post_grad,
+                        recompute_masks)
+
     def compile_with_us(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
         original = copy_module(gm)
         optimized, report = gm, None
+        decision = _decision_key(gm, example_inputs, options, decision_options) if measure and use_inductor \
+            else None
+        stored = load_decision(decision)
+        if stored is not None and stored.kept != "optimized":  # an earlier process measured it
+            report = _report_of_decision(original, stored)
+            backend.reports.append(report)
+            _log_report(report)
+            from torch._inductor.compile_fx import compile_fx
+
+            compile_fx = _with_config(compile_fx, inductor_config)
+            return compile_fx(original, example_inputs,
+                              **({"config_patches": mask_patches()} if stored.kept == "masked" else {}))
         if pre_grad:
             optimized = optimize_graph(gm, example_inputs, **options)
             report = optimized.meta.get("optimus_eqsat")
@@ -150,9 +166,13 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if compiled is None:
             return compile_fx(original, example_inputs)
         report.recomputed_masks = sum(masks)  # (the joint graph is partitioned in the forward's compile)
-        if not measure and isinstance(compiled, CachedParameterWork) and _fake_first_call():
+        if report.stop_reason == "time_limit":  # a program cut short may differ from the one measured
+            stored = decision = None
+        if stored is not None:  # an earlier process measured this program faster
+            report.measured, report.from_cache = stored.measured, True
+        if (not measure or stored is not None) and isinstance(compiled, CachedParameterWork) and _fake_first_call():
             compiled = CompileTimeSafe(compiled)
-        if measure:
+        if measure and stored is None:
             # Unless the pre-grad pass changed the graph, the candidate is the original graph
             # itself until a post-grad pass rewrites it (the backward's runs on the first call).
             def post_rewrote(training: bool) -> bool:
@@ -171,7 +191,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                                         wanted=lambda: pre_changed or post_rewrote(True))} \
                 if any(masks) and not _symbolic(example_inputs) else {}
             compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten,
-                                 memory_slack, extra)
+                                 memory_slack, extra, on_decided=lambda result: store_decision(decision, result))
         _log_report(report)
         return compiled
 
@@ -294,7 +314,8 @@ def _masks_recomputed(counts: list[int], training: bool) -> bool:
 def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
               rewritten: Callable[[bool], bool] | None = None,
-              memory_slack: tuple[float, int] = MEMORY_SLACK, extra: dict[str, Deferred] | None = None) -> Callable:
+              memory_slack: tuple[float, int] = MEMORY_SLACK, extra: dict[str, Deferred] | None = None,
+              on_decided: Callable[[GuardResult], None] | None = None) -> Callable:
     """``compiled`` and the original graph compiled, of which the first call keeps the faster.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
@@ -319,10 +340,34 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         elif result.kept != "optimized":
             report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
         log.info("optimus_eqsat: %s", result.summary())
+        if on_decided is not None:
+            on_decided(result)
 
     return FirstCallChoice({"original": baseline, "optimized": compiled, **(extra or {})}, original, budget_s,
                            record, rewritten=rewritten, memory_slack=memory_slack,
                            run_at_compile_time=run_at_compile_time)
+
+
+def _decision_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
+                  backend_options: tuple[Any, ...]) -> str | None:
+    """The persistent cache's key of the measured choice on this graph, or None (cache off, a
+    graph it cannot key, or a call inside a backward, whose choice is never timed)."""
+    try:
+        opts = OptimizeOptions.from_kwargs(**options)
+        return decision_key(program_key(gm, example_inputs, opts), backend_options, example_inputs)
+    except Exception as exc:  # the cache is an aid: never a reason to fail
+        log.info("optimus_eqsat: decision not cached (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def _report_of_decision(original: torch.fx.GraphModule, stored: StoredDecision) -> OptimizeReport:
+    """The report of a compile that an earlier process's measured choice decided: the
+    original graph (or it with its masks recomputed) was kept."""
+    report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original),
+                            measured=stored.measured, from_cache=True)
+    report.fell_back = True
+    report.fallback_reason = f"measured not faster (an earlier run's decision, cached): {stored.measured.summary()}"
+    return report
 
 
 def _fake_first_call() -> bool:

@@ -1,4 +1,4 @@
-"""Command line: ``optimus-eqsat [demo|bench|calibrate|check-rules] ...``."""
+"""Command line: ``optimus-eqsat [demo|bench|calibrate|check-rules|cache] ...``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="run the benchmark harness (from a repository checkout)", add_help=False)
     _add_calibrate_parser(sub)
     _add_check_rules_parser(sub)
+    cache = sub.add_parser("cache", help="show or --clear the persistent cache of optimized programs and "
+                           "measured decisions")
+    cache.add_argument("--clear", action="store_true", help="remove every entry")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         try:
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_calibrate(args)
     if args.command == "check-rules":
         return run_check_rules(args)
+    if args.command == "cache":
+        return run_cache(args)
     if args.command is None:
         args = parser.parse_args(["demo", *(argv or [])])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
@@ -40,6 +45,18 @@ def main(argv: list[str] | None = None) -> int:
 
     return run_demo(profile=args.profile, extractor=args.extractor, features=args.features)
 
+
+def run_cache(args: argparse.Namespace) -> int:
+    """``optimus-eqsat cache``: where the persistent cache is and how many entries it holds."""
+    from .disk_cache import cache_enabled, cache_root, clear_cache
+    from .program_cache import DECISIONS, PROGRAMS
+
+    if args.clear:
+        print(f"removed {clear_cache()} entries from {cache_root()}")
+        return 0
+    state = "on" if cache_enabled() else "off (OPTIMUS_EQSAT_CACHE)"
+    print(f"{cache_root()} ({state}): {len(PROGRAMS)} programs, {len(DECISIONS)} measured decisions")
+    return 0
 
 
 def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:

@@ -74,6 +74,10 @@ class OptimizeOptions:
             20,000-node graphs tens of seconds). The report lists the variants tried.
         record_eclasses: count e-classes after every iteration into the saturation
             history (costs a freeze of the e-graph each time; the explorer turns it on).
+        persistent_cache: read and write the result on disk (:mod:`optimus_eqsat.disk_cache`),
+            keyed by the graph, its inputs' shapes, the options and the package's code, so a
+            restarted process does not optimize the same graph again. The environment
+            variable ``OPTIMUS_EQSAT_CACHE=0`` turns it off for every call.
     """
 
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
@@ -95,6 +99,7 @@ class OptimizeOptions:
     refine_batches: bool = True
     refine_time_limit_s: float = 10.0
     record_eclasses: bool = False
+    persistent_cache: bool = True
 
     @classmethod
     def names(cls) -> set[str]:

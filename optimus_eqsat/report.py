@@ -25,6 +25,8 @@ class OptimizeReport:
         iterations, enodes, eclasses: size of the saturated e-graph.
         extractor: which extractor produced the program; optimal / gap as it reported.
         fell_back: True when the original graph was returned; fallback_reason says why.
+        from_cache: the result was read from the persistent cache (an earlier run's, with its
+            report; ``phase_seconds`` then holds the lookup alone).
         measured: the backend's measurement of original and optimized step time
             (``guard.GuardResult``: both times, their ratio and which program was kept).
         parameter_packs: stacks of parameters the backend builds once, in inference, with the
@@ -69,6 +71,7 @@ class OptimizeReport:
     parameter_packs: int | None = None  # stacks of weights the backend builds once (inference)
     kept_gradient_inputs: list[str] = field(default_factory=list)  # re-read so they get a zero gradient
     recomputed_masks: int = 0  # bool masks the backward recomputes instead of saving (backend, CPU training)
+    from_cache: bool = False  # read from the persistent cache (program_cache.py), not optimized again
 
     @property
     def changed(self) -> bool:
@@ -126,6 +129,8 @@ class OptimizeReport:
         if self.kept_gradient_inputs:
             lines.append("kept in autograd:   " + ", ".join(self.kept_gradient_inputs)
                          + " (no longer read; an exact zero keeps their gradient)")
+        if self.from_cache:
+            lines.append("cache:              read from the persistent cache (optimus_eqsat/disk_cache.py)")
         if self.fell_back:
             lines.append(f"FELL BACK to the original graph: {self.fallback_reason}")
         return "\n".join(lines)

@@ -1,0 +1,275 @@
+"""What survives a restart: the optimizer's program for a graph, and the measured choice's
+decision, on disk (:mod:`.disk_cache`).
+
+A program is keyed by the graph's code and attributes, its inputs' shapes, strides, dtypes
+and devices, the options, the global modes it depends on (grad mode, Inductor's freezing and
+``fallback_random``) and the package's code fingerprint. Graphs with symbolic sizes are not
+cached. The stored program is the result graph without its fake-tensor meta (pickled), the
+rest of each node's meta, and, for values the result shares with the input graph, which
+input node they came from: restored, the program is the same graph over the same
+parameters with the same meta the optimizer would have given it.
+
+A decision (which program the backend's first call kept) is keyed by the program's key,
+the backend's own options and the machine (CPU model and threads, or the GPU's name).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import pickle
+import platform
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+
+from .disk_cache import DiskCache, cache_enabled, code_fingerprint, digest
+from .fx_graphs import carry_dynamo_attributes, copy_module
+from .fxvocab.symbolic import symbolic_value
+from .report import OptimizeReport
+
+log = logging.getLogger("optimus_eqsat")
+
+PROGRAMS = DiskCache("programs")
+DECISIONS = DiskCache("decisions")
+
+# Meta holding fake tensors: never pickled; linked to the input graph's node or recomputed.
+_FAKE_META = ("val", "example_value")
+
+
+@dataclass
+class StoredProgram:
+    """A result of :func:`~optimus_eqsat.optimize_graph` as stored on disk."""
+
+    report: OptimizeReport
+    kept_original: bool  # the result is the input graph (a fallback by the cost model)
+    nodes: bytes = b""  # the result's nodes, pickled (_pickled_nodes)
+    attributes: dict[str, str] = field(default_factory=dict)  # result target -> input graph's name
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> picklable meta
+    links: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)  # node -> key -> (input node, key)
+    wants_meta: bool = False  # fake-tensor meta propagated over the result
+
+
+def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, options: Any) -> str | None:
+    """The key of ``gm``'s program under ``options`` (an ``OptimizeOptions``), or None when the
+    cache is off or the graph cannot be keyed (symbolic sizes, inputs of unknown kinds)."""
+    if not (options.persistent_cache and cache_enabled()):
+        return None
+    try:
+        return _program_key(gm, example_inputs, options)
+    except _NotKeyable as exc:
+        log.debug("optimus_eqsat: not cached: %s", exc)
+        return None
+
+
+class _NotKeyable(Exception):
+    pass
+
+
+def _program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, options: Any) -> str:
+    from torch._inductor import config as inductor_config
+
+    inputs = [_value_signature(x) for x in example_inputs] if example_inputs is not None else None
+    placeholders = [_value_signature(n.meta.get("val", n.meta.get("example_value")))
+                    for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = [(name, _value_signature(t)) for name, t in
+               [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]]
+    constants = sorted((name, _value_signature(v)) for name, v in gm.__dict__.items()
+                       if isinstance(v, torch.Tensor))
+    modules = [(name, type(m).__qualname__, m.code if isinstance(m, torch.fx.GraphModule) else repr(m))
+               for name, m in gm.named_modules() if name]
+    option_values = [(f.name, getattr(options, f.name)) for f in fields(options) if f.name != "persistent_cache"]
+    rule_files = [open(path, "rb").read() for path in options.rule_files]
+    modes = (torch.is_grad_enabled(), torch.is_autocast_enabled(), bool(inductor_config.freezing),
+             bool(inductor_config.fallback_random))
+    return digest(code_fingerprint(), gm.code, inputs, placeholders, tensors, constants, modules, option_values,
+                  rule_files, modes)
+
+
+def _value_signature(value: Any) -> Any:
+    """What of an input the optimizer may depend on (never its values for tensors)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if symbolic_value(value) or isinstance(value, (torch.SymFloat, torch.SymBool)):
+        raise _NotKeyable("symbolic sizes")
+    if isinstance(value, torch.Tensor):
+        return (type(value).__name__, tuple(value.shape), value.stride(), value.storage_offset(), str(value.dtype),
+                str(value.device), value.requires_grad, isinstance(value, torch.nn.Parameter))
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, [_value_signature(v) for v in value]
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    raise _NotKeyable(f"an input of type {type(value).__name__}")
+
+
+def load_program(key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
+                 ) -> torch.fx.GraphModule | None:
+    """The stored result for ``key`` rebuilt over ``gm``'s parameters, its report marked as
+    read from the cache; None on a miss or when it cannot be restored (logged)."""
+    start = time.perf_counter()
+    stored = PROGRAMS.get(key)
+    if stored is None:
+        return None
+    try:
+        result = copy_module(gm) if stored.kept_original else _restore(stored, gm, example_inputs)
+    except Exception as exc:
+        log.info("optimus_eqsat: cached program not restored (%s: %s); optimizing", type(exc).__name__, exc)
+        return None
+    report = copy.deepcopy(stored.report)
+    report.from_cache = True
+    report.phase_seconds = {"cache": time.perf_counter() - start}
+    result.meta["optimus_eqsat"] = report
+    return result
+
+
+def store_program(key: str, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, report: OptimizeReport,
+                  wants_meta: bool) -> bool:
+    """Store ``result`` (of optimizing ``gm``) under ``key``. Only results that are the same on
+    any run are stored: not those cut by the time limit or by an error."""
+    if report.stop_reason == "time_limit" or (report.fell_back and not _decided_by_the_model(report)):
+        return False
+    try:
+        stored = StoredProgram(report=replace(report, measured=None), kept_original=report.fell_back)
+        if not report.fell_back:
+            _describe(stored, gm, result, wants_meta)
+    except Exception as exc:
+        log.info("optimus_eqsat: program not cached (%s: %s)", type(exc).__name__, exc)
+        return False
+    return PROGRAMS.put(key, stored)
+
+
+def _decided_by_the_model(report: OptimizeReport) -> bool:
+    """Whether a fallback is the cost model's verdict (predicted slower or too small a gain)
+    or a declined graph: both come out the same on every run."""
+    reason = report.fallback_reason or ""
+    return reason.startswith(("predicted", "declined"))
+
+
+def _describe(stored: StoredProgram, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, wants_meta: bool
+              ) -> None:
+    """Fill ``stored`` with ``result``'s graph, attributes and meta (raises when an attribute
+    of the result is not one of ``gm``'s: it could not be restored)."""
+    names_in_input = _attribute_names(gm)
+    for node in result.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            obj = operator.attrgetter(node.target)(result)
+            if id(obj) not in names_in_input:
+                raise ValueError(f"attribute {node.target} is not the input graph's")
+            stored.attributes[node.target] = names_in_input[id(obj)]
+    fakes = {id(v): (n.name, k) for n in gm.graph.nodes for k, v in n.meta.items() if k in _FAKE_META}
+    for node in result.graph.nodes:
+        kept, links = {}, {}
+        for k, v in node.meta.items():
+            if id(v) in fakes:
+                links[k] = fakes[id(v)]
+            elif k not in _FAKE_META and _picklable(v):
+                kept[k] = v
+        stored.meta[node.name], stored.links[node.name] = kept, links
+    stored.nodes = _pickled_nodes(result.graph)
+    stored.wants_meta = wants_meta
+
+
+class _NodeRef:
+    """A node named in another node's arguments, as pickled."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _pickled_nodes(graph: torch.fx.Graph) -> bytes:
+    """The graph as a flat list (pickling a Graph recurses along its linked list of nodes and
+    overflows the stack at a few hundred nodes) with its code generator."""
+    rows = [(n.op, n.name, n.target, torch.fx.node.map_arg(n.args, lambda a: _NodeRef(a.name)),
+             torch.fx.node.map_arg(n.kwargs, lambda a: _NodeRef(a.name)), n.type) for n in graph.nodes]
+    return pickle.dumps((rows, graph._codegen), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpickled_graph(data: bytes) -> torch.fx.Graph:
+    rows, codegen = pickle.loads(data)
+    graph, made = torch.fx.Graph(), {}
+
+    def node(arg: Any) -> Any:
+        return made[arg.name] if isinstance(arg, _NodeRef) else arg
+
+    for op, name, target, args, kwargs, type_ in rows:
+        args = torch.fx.node.map_aggregate(args, node)
+        kwargs = torch.fx.node.map_aggregate(kwargs, node)
+        made[name] = graph.create_node(op, target, args, kwargs, name=name, type_expr=type_)
+        if made[name].name != name:
+            raise ValueError(f"node {name} restored as {made[name].name}")
+    graph._codegen = codegen
+    return graph
+
+
+def _restore(stored: StoredProgram, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
+             ) -> torch.fx.GraphModule:
+    from .rebuild import propagate_meta
+
+    graph = _unpickled_graph(stored.nodes)
+    inputs = {n.name: n for n in gm.graph.nodes}
+    for node in graph.nodes:
+        node.meta = dict(stored.meta.get(node.name, {}))
+        for k, (name, key) in stored.links.get(node.name, {}).items():
+            node.meta[k] = inputs[name].meta[key]
+    root = {target: operator.attrgetter(name)(gm) for target, name in stored.attributes.items()}
+    result = torch.fx.GraphModule(root, graph, class_name=type(gm).__name__)
+    carry_dynamo_attributes(gm, result)
+    if stored.wants_meta:
+        propagate_meta(result, example_inputs)
+    return result
+
+
+def _attribute_names(gm: torch.fx.GraphModule) -> dict[int, str]:
+    """id -> qualified name of every module, parameter, buffer and tensor attribute of ``gm``."""
+    names: dict[int, str] = {}
+    for prefix, module in gm.named_modules(remove_duplicate=False):
+        names.setdefault(id(module), prefix)
+        for name, value in module.__dict__.items():
+            if isinstance(value, torch.Tensor):
+                names.setdefault(id(value), f"{prefix}.{name}" if prefix else name)
+        for name, value in [*module._parameters.items(), *module._buffers.items()]:
+            if value is not None:
+                names.setdefault(id(value), f"{prefix}.{name}" if prefix else name)
+    return names
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def decision_key(program: str | None, backend_options: Any, example_inputs: Sequence[Any]) -> str | None:
+    """The key of the measured choice for a program key under the backend's options, on this
+    machine (the device of the inputs), or None without a program key."""
+    if program is None:
+        return None
+    devices = sorted({x.device.type for x in example_inputs if isinstance(x, torch.Tensor)})
+    machine = [platform.machine(), platform.processor(), torch.get_num_threads()]
+    if "cuda" in devices and torch.cuda.is_available():
+        machine.append(torch.cuda.get_device_name())
+    return digest(program, backend_options, devices, machine)
+
+
+@dataclass
+class StoredDecision:
+    """Which program a measured first call kept, and what it measured."""
+
+    kept: str  # "optimized", "original" or "masked"
+    measured: Any  # the guard.GuardResult
+
+
+def load_decision(key: str | None) -> StoredDecision | None:
+    return DECISIONS.get(key) if key is not None else None
+
+
+def store_decision(key: str | None, measured: Any) -> None:
+    """Store a timed decision (a ``guard.GuardResult`` with rounds) under ``key``."""
+    if key is not None and measured is not None and measured.rounds:
+        DECISIONS.put(key, StoredDecision(measured.kept, measured))

@@ -1,0 +1,222 @@
+"""The persistent cache: optimized programs and measured decisions survive a restart, and an
+entry is served only for the graph, inputs, options and code it was made for."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+from optimus_eqsat import optimize_graph
+from optimus_eqsat.backend import make_backend
+from optimus_eqsat.cli import main as cli_main
+from optimus_eqsat.demo import DemoRecModel
+from optimus_eqsat.disk_cache import DiskCache, clear_cache
+from optimus_eqsat.guard import GuardResult
+from optimus_eqsat.program_cache import DECISIONS, PROGRAMS, StoredDecision
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """The cache on, in a folder of this test's own (conftest turns it off for the others)."""
+    monkeypatch.setenv("OPTIMUS_EQSAT_CACHE", "1")
+    monkeypatch.setenv("OPTIMUS_EQSAT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _demo(batch: int = 16):
+    torch.manual_seed(0)
+    model = DemoRecModel(features=2)
+    return torch.fx.symbolic_trace(model), model.example_inputs(batch=batch)
+
+
+def test_a_second_optimization_of_the_same_graph_is_read_back_equal(cache_dir):
+    gm, inputs = _demo()
+    first = optimize_graph(gm, inputs, profile="h100")
+    second = optimize_graph(gm, inputs, profile="h100")
+    r1, r2 = first.meta["optimus_eqsat"], second.meta["optimus_eqsat"]
+    assert not r1.from_cache and r2.from_cache and len(PROGRAMS) == 1
+    assert r1.changed and second.code == first.code
+    assert (r2.launches_after, r2.cost_after, r2.batched) == (r1.launches_after, r1.cost_after, r1.batched)
+    assert set(r2.phase_seconds) == {"cache"} and "persistent cache" in r2.summary()
+    torch.testing.assert_close(second(*inputs), gm(*inputs), rtol=1e-5, atol=1e-5)
+    # the restored program reads the input graph's own parameters
+    assert {id(p) for p in second.parameters()} <= {id(p) for p in gm.parameters()}
+
+
+def test_a_dynamo_training_graph_is_restored_with_the_same_meta(cache_dir):
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU())
+    towers = nn.ModuleList(nn.Linear(16, 4) for _ in range(4))
+
+    class Towers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.towers = model, towers
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.body(x)
+            return torch.cat([torch.relu(t(h)) for t in self.towers], dim=1)
+
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(Towers(), backend=grab)(torch.randn(32, 8))
+    gm, inputs = graphs[0]
+    kwargs = dict(profile="h200", mode="training", never_worse=False)
+    first, second = optimize_graph(gm, inputs, **kwargs), optimize_graph(gm, inputs, **kwargs)
+    assert second.meta["optimus_eqsat"].from_cache and second.code == first.code
+    for a, b in zip(first.graph.nodes, second.graph.nodes):
+        assert set(a.meta) == set(b.meta), a.name
+        if isinstance(a.meta.get("val"), torch.Tensor):
+            assert (a.meta["val"].shape, a.meta["val"].stride()) == (b.meta["val"].shape, b.meta["val"].stride())
+
+
+@pytest.mark.parametrize("change", ["shape", "options", "grad_mode", "rule_set"])
+def test_an_entry_is_not_served_for_another_graph_input_option_or_mode(cache_dir, change):
+    gm, inputs = _demo()
+    optimize_graph(gm, inputs, profile="h100")
+    kwargs: dict = {"profile": "h100"}
+    if change == "shape":
+        _, inputs = _demo(batch=24)
+    elif change == "options":
+        kwargs["min_gain"] = 0.02
+    elif change == "rule_set":
+        kwargs["rulesets"] = ("algebraic",)
+    with torch.set_grad_enabled(change != "grad_mode"):
+        again = optimize_graph(gm, inputs, **kwargs)
+    assert not again.meta["optimus_eqsat"].from_cache and len(PROGRAMS) == 2
+
+
+def test_the_cost_models_fallback_is_cached_but_a_time_limit_cut_is_not(cache_dir):
+    gm, inputs = _demo()
+    declined = optimize_graph(gm, inputs, profile="h100", min_gain=0.99)
+    assert declined.meta["optimus_eqsat"].fell_back
+    again = optimize_graph(gm, inputs, profile="h100", min_gain=0.99)
+    assert again.meta["optimus_eqsat"].from_cache and again.meta["optimus_eqsat"].fell_back
+    assert again.code == declined.code
+    cut = optimize_graph(gm, inputs, profile="h100", time_limit_s=1e-6)
+    assert cut.meta["optimus_eqsat"].stop_reason == "time_limit" and len(PROGRAMS) == 1
+
+
+@pytest.mark.parametrize("switch", ["env", "option", "inductor_force_disable_caches"])
+def test_the_cache_can_be_turned_off(cache_dir, monkeypatch, switch):
+    gm, inputs = _demo()
+    kwargs: dict = {"profile": "h100"}
+    if switch == "option":
+        kwargs["persistent_cache"] = False
+    optimize_graph(gm, inputs, profile="h100")  # an entry the switched-off call must not read
+    if switch == "env":
+        monkeypatch.setenv("OPTIMUS_EQSAT_CACHE", "0")
+    with torch._inductor.config.patch(force_disable_caches=switch == "inductor_force_disable_caches"):
+        assert not optimize_graph(gm, inputs, **kwargs).meta["optimus_eqsat"].from_cache
+    assert len(PROGRAMS) == 1
+
+
+def test_an_unreadable_entry_is_a_miss_and_is_dropped(cache_dir):
+    gm, inputs = _demo()
+    optimize_graph(gm, inputs, profile="h100")
+    (entry,) = PROGRAMS.folder.glob("*.pkl")
+    entry.write_bytes(entry.read_bytes()[:100])  # a writer killed half way (not possible with
+    again = optimize_graph(gm, inputs, profile="h100")  # the rename, but a full disk can truncate)
+    assert not again.meta["optimus_eqsat"].from_cache
+    torch.testing.assert_close(again(*inputs), gm(*inputs), rtol=1e-5, atol=1e-5)
+    assert optimize_graph(gm, inputs, profile="h100").meta["optimus_eqsat"].from_cache  # rewritten whole
+
+
+def test_concurrent_writers_and_readers_see_whole_entries(cache_dir):
+    cache = DiskCache("race")
+    value = {"payload": list(range(20000))}
+    seen, errors = [], []
+
+    def write() -> None:
+        for _ in range(30):
+            cache.put("k", value)
+
+    def read() -> None:
+        for _ in range(60):
+            got = cache.get("k")
+            if got is not None:
+                seen.append(got == value)
+
+    threads = [threading.Thread(target=f) for f in (write, write, read, read)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen and all(seen) and not errors
+    assert not list(cache.folder.glob(".tmp-*"))  # no temporary file left behind
+
+
+class _SplitScaleCat(nn.Module):
+    """A graph the pre-grad pass rewrites, so the backend's first call times it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.b(torch.cat([p * 2 for p in torch.split(h, 4, dim=1)], dim=1))
+
+
+def _step(model: nn.Module, backend, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(x).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_restarted_backend_reuses_the_measured_decision_untimed(cache_dir):
+    torch.manual_seed(0)
+    model, x = _SplitScaleCat(), torch.randn(32, 8)
+    reference = copy.deepcopy(model)
+    reference(x).sum().backward()
+    first = make_backend(measure_budget_s=0.05)
+    _step(model, first, x)
+    measured = first.reports[-1].measured
+    assert measured is not None and measured.rounds > 0 and len(DECISIONS) == 1
+    model.zero_grad()
+    second = make_backend(measure_budget_s=0.05)  # a new process's backend, Dynamo reset
+    grads = _step(model, second, x)
+    report = second.reports[-1]
+    assert report.from_cache and report.measured.kept == measured.kept
+    assert report.measured.step_s == measured.step_s  # the stored measurement, not a new one
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_cached_decision_for_the_original_compiles_the_original_alone(cache_dir, monkeypatch):
+    import optimus_eqsat.backend as backend_module
+
+    decided = GuardResult(kept="original", step_s={"original": 1e-3, "optimized": 2e-3}, ratio=2.0,
+                          ratio_p25=1.9, ratio_p75=2.1, rounds=5, reason="measured")
+    monkeypatch.setattr(backend_module, "load_decision", lambda key: StoredDecision("original", decided))
+    optimized: list = []
+    monkeypatch.setattr(backend_module, "optimize_graph", lambda *a, **k: optimized.append(1))
+    torch.manual_seed(0)
+    model, x = _SplitScaleCat(), torch.randn(32, 8)
+    reference = copy.deepcopy(model)
+    reference(x).sum().backward()
+    backend = make_backend(measure_budget_s=0.05)
+    grads = _step(model, backend, x)
+    report = backend.reports[-1]
+    assert not optimized, "the optimizer ran although the decision was cached"
+    assert report.from_cache and report.fell_back and "earlier run" in report.fallback_reason
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_cli_shows_and_clears_the_cache(cache_dir, capsys):
+    gm, inputs = _demo()
+    optimize_graph(gm, inputs, profile="h100")
+    assert cli_main(["cache"]) == 0
+    assert "1 programs" in capsys.readouterr().out
+    assert cli_main(["cache", "--clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert len(PROGRAMS) == 0 and clear_cache() == 0
