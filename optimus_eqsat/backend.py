@@ -19,6 +19,7 @@ import torch
 import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
+from .budget import backend_time_limit
 from .fx_graphs import copy_module, op_count
 from .fxvocab.symbolic import symbolic_value
 from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
@@ -37,6 +38,13 @@ BACKEND_MIN_GAIN = 0.01
 
 def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable]:
     """A backend with :func:`optimize_graph` options, e.g. ``make_backend(extractor="greedy")``.
+
+    Unless ``time_limit_s`` is given, each graph's optimization gets a budget that grows with
+    its size (:func:`~optimus_eqsat.budget.backend_time_limit`: 10 s plus 4 ms per FX op, at
+    most 60 s), as Inductor's own compile time does. A graph optimized before (same graph,
+    input shapes, options and package code) is read from the persistent cache
+    (:mod:`optimus_eqsat.disk_cache`), and so is the measured choice's decision for it on
+    this machine: a restarted job compiles only the program kept.
 
     Backend options besides :func:`optimize_graph`'s:
 
@@ -84,6 +92,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     post_grad = options.pop("post_grad", True)
     recompute_masks = options.pop("recompute_masks", True)
     options.setdefault("cached_parameters", options.pop("cache_parameters", True))
+    scaled_budget = "time_limit_s" not in options  # the default budget grows with each graph
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
     # A predicted gain under 1% is within the model's error and below the measured choice's
     # margin: the original graph, compiled once, serves better (OptimizeOptions.min_gain).
@@ -116,7 +125,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
         original = copy_module(gm)
         optimized, report = gm, None
-        decision = _decision_key(gm, example_inputs, options, decision_options) if measure and use_inductor \
+        graph_options = {**options, "time_limit_s": backend_time_limit(op_count(gm))} if scaled_budget else options
+        decision = _decision_key(gm, example_inputs, graph_options, decision_options) if measure and use_inductor \
             else None
         stored = load_decision(decision)
         if stored is not None and stored.kept != "optimized":  # an earlier process measured it
@@ -129,7 +139,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             return compile_fx(original, example_inputs,
                               **({"config_patches": mask_patches()} if stored.kept == "masked" else {}))
         if pre_grad:
-            optimized = optimize_graph(gm, example_inputs, **options)
+            optimized = optimize_graph(gm, example_inputs, **graph_options)
             report = optimized.meta.get("optimus_eqsat")
             if report is not None:
                 backend.reports.append(report)
@@ -156,7 +166,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         # rewrite and cost up to 1.6 s (ple inference). The backward, which autograd wrote, is
         # still optimized.
         roles = ("backward",) if pre_changed else ("forward", "backward")
-        patches = {**(post_grad_patches(options, post_reports, mine, roles=roles) if post_grad else {}),
+        patches = {**(post_grad_patches(graph_options, post_reports, mine, roles=roles) if post_grad else {}),
                    **(mask_patches(masks, sliced=[sliced]) if recompute_masks else {})}
         # (under Inductor's freezing, Inductor folds that work itself)
         cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \

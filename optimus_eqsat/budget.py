@@ -39,6 +39,18 @@ MIN_ILP_S = 2.0
 # Kept back for what no phase times (checking the options, copying the result, the
 # report): 5% of the budget.
 MARGIN_SHARE = 0.05
+# The backend's default budget grows with the graph, as Inductor's own compile does (it
+# lowers and generates code node by node): BACKEND_BASE_S plus BACKEND_S_PER_OP per FX op,
+# at most BACKEND_MAX_S. Small graphs finish well inside the base; graphs of thousands of
+# ops get the saturation they need instead of a cut at a fixed 20 s.
+BACKEND_BASE_S = 10.0
+BACKEND_S_PER_OP = 4e-3
+BACKEND_MAX_S = 60.0
+
+
+def backend_time_limit(ops: int) -> float:
+    """The backend's ``time_limit_s`` for a graph of ``ops`` FX ops (when the user set none)."""
+    return min(BACKEND_MAX_S, BACKEND_BASE_S + BACKEND_S_PER_OP * ops)
 
 
 @dataclass

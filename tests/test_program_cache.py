@@ -220,3 +220,24 @@ def test_cli_shows_and_clears_the_cache(cache_dir, capsys):
     assert cli_main(["cache", "--clear"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert len(PROGRAMS) == 0 and clear_cache() == 0
+
+
+def test_the_backends_default_budget_grows_with_the_graph(monkeypatch):
+    import optimus_eqsat.backend as backend_module
+    from optimus_eqsat.budget import BACKEND_BASE_S, BACKEND_MAX_S, backend_time_limit
+
+    assert backend_time_limit(10) < backend_time_limit(5000) <= BACKEND_MAX_S == backend_time_limit(10**6)
+    limits: list[float] = []
+
+    def capture(gm, example_inputs, **options):
+        limits.append(options["time_limit_s"])
+        return gm
+
+    monkeypatch.setattr(backend_module, "optimize_graph", capture)
+    for backend, expected in [(make_backend(inductor=False), None), (make_backend(inductor=False, time_limit_s=3), 3)]:
+        torch._dynamo.reset()
+        torch.compile(_SplitScaleCat(), backend=backend)(torch.randn(4, 8))
+        if expected is None:  # a graph of a few ops: the base and a little
+            assert BACKEND_BASE_S < limits[-1] < BACKEND_BASE_S + 0.2
+        else:
+            assert limits[-1] == expected
