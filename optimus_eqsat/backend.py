@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -172,12 +173,12 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
             and not freezing_enabled()
         patches = {**inductor_patches(pre_changed), **patches}
+        start = time.perf_counter()
         compiled = _compile_program(compile_fx, program, example_inputs, report, patches, cache)
+        report.inductor_seconds = time.perf_counter() - start
         if compiled is None:
             return compile_fx(original, example_inputs)
         report.recomputed_masks = sum(masks)  # (the joint graph is partitioned in the forward's compile)
-        if report.stop_reason == "time_limit":  # a program cut short may differ from the one measured
-            stored = decision = None
         if stored is not None:  # an earlier process measured this program faster
             report.measured, report.from_cache = stored.measured, True
         if (not measure or stored is not None) and isinstance(compiled, CachedParameterWork) and _fake_first_call():

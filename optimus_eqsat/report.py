@@ -25,6 +25,8 @@ class OptimizeReport:
         iterations, enodes, eclasses: size of the saturated e-graph.
         extractor: which extractor produced the program; optimal / gap as it reported.
         fell_back: True when the original graph was returned; fallback_reason says why.
+        inductor_seconds: seconds the backend's Inductor compile of its program took (see
+            :meth:`compile_split`, a line of the summary).
         from_cache: the result was read from the persistent cache (an earlier run's, with its
             report; ``phase_seconds`` then holds the lookup alone).
         measured: the backend's measurement of original and optimized step time
@@ -71,6 +73,7 @@ class OptimizeReport:
     parameter_packs: int | None = None  # stacks of weights the backend builds once (inference)
     kept_gradient_inputs: list[str] = field(default_factory=list)  # re-read so they get a zero gradient
     recomputed_masks: int = 0  # bool masks the backward recomputes instead of saving (backend, CPU training)
+    inductor_seconds: float | None = None  # the backend's Inductor compile of the chosen program (its forward)
     from_cache: bool = False  # read from the persistent cache (program_cache.py), not optimized again
 
     @property
@@ -83,6 +86,16 @@ class OptimizeReport:
     @property
     def total_seconds(self) -> float:
         return sum(self.phase_seconds.values())
+
+    def compile_split(self) -> str:
+        """Where the backend's compile went: the optimizer, Inductor per program (forward
+        graphs; a training backward compiles on its first call) and the measured choice's timing."""
+        parts = [f"optimizer {self.total_seconds:.2f} s", f"Inductor: ours {self.inductor_seconds or 0.0:.2f} s"]
+        measured = self.measured
+        if measured is not None:
+            parts[-1] += "".join(f", {name} {s:.2f} s" for name, s in measured.compile_s.items())
+            parts.append(f"timing {measured.timing_s:.2f} s")
+        return "; ".join(parts)
 
     def record_saturation(self, sat: Any) -> None:
         """Take a saturation's outcome (``saturate.SaturationReport``): why it stopped,
@@ -129,6 +142,8 @@ class OptimizeReport:
         if self.kept_gradient_inputs:
             lines.append("kept in autograd:   " + ", ".join(self.kept_gradient_inputs)
                          + " (no longer read; an exact zero keeps their gradient)")
+        if self.inductor_seconds is not None:
+            lines.append("compile time:       " + self.compile_split())
         if self.from_cache:
             lines.append("cache:              read from the persistent cache (optimus_eqsat/disk_cache.py)")
         if self.fell_back:
