@@ -128,9 +128,10 @@ def load_program(key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[An
 
 def store_program(key: str, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, report: OptimizeReport,
                   wants_meta: bool) -> bool:
-    """Store ``result`` (of optimizing ``gm``) under ``key``. Only results that are the same on
-    any run are stored: not those cut by the time limit or by an error."""
-    if report.stop_reason == "time_limit" or (report.fell_back and not _decided_by_the_model(report)):
+    """Store ``result`` (of optimizing ``gm``) under ``key``; not a fallback for an error. A run
+    the time limit cut is stored: a restart then compiles the same program without
+    optimizing again (``optimus-eqsat cache --clear`` lets a later run try for more)."""
+    if report.fell_back and not _decided_by_the_model(report):
         return False
     try:
         stored = StoredProgram(report=replace(report, measured=None), kept_original=report.fell_back)
@@ -143,10 +144,10 @@ def store_program(key: str, gm: torch.fx.GraphModule, result: torch.fx.GraphModu
 
 
 def _decided_by_the_model(report: OptimizeReport) -> bool:
-    """Whether a fallback is the cost model's verdict (predicted slower or too small a gain)
-    or a declined graph: both come out the same on every run."""
+    """Whether a fallback is the cost model's verdict (predicted slower or too small a gain),
+    a declined graph or a time limit: not an error."""
     reason = report.fallback_reason or ""
-    return reason.startswith(("predicted", "declined"))
+    return reason.startswith(("predicted", "declined", "time limit"))
 
 
 def _describe(stored: StoredProgram, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, wants_meta: bool

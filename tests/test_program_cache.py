@@ -94,7 +94,7 @@ def test_an_entry_is_not_served_for_another_graph_input_option_or_mode(cache_dir
     assert not again.meta["optimus_eqsat"].from_cache and len(PROGRAMS) == 2
 
 
-def test_the_cost_models_fallback_is_cached_but_a_time_limit_cut_is_not(cache_dir):
+def test_the_cost_models_fallback_and_a_time_limit_cut_are_cached_an_error_is_not(cache_dir, monkeypatch):
     gm, inputs = _demo()
     declined = optimize_graph(gm, inputs, profile="h100", min_gain=0.99)
     assert declined.meta["optimus_eqsat"].fell_back
@@ -102,7 +102,14 @@ def test_the_cost_models_fallback_is_cached_but_a_time_limit_cut_is_not(cache_di
     assert again.meta["optimus_eqsat"].from_cache and again.meta["optimus_eqsat"].fell_back
     assert again.code == declined.code
     cut = optimize_graph(gm, inputs, profile="h100", time_limit_s=1e-6)
-    assert cut.meta["optimus_eqsat"].stop_reason == "time_limit" and len(PROGRAMS) == 1
+    assert cut.meta["optimus_eqsat"].stop_reason == "time_limit" and len(PROGRAMS) == 2
+    again = optimize_graph(gm, inputs, profile="h100", time_limit_s=1e-6)
+    assert again.meta["optimus_eqsat"].from_cache and again.code == cut.code
+    import optimus_eqsat.api as api
+
+    monkeypatch.setattr(api.OptimizationRun, "optimize", lambda self: 1 / 0)
+    failed = optimize_graph(gm, inputs, profile="h100", min_gain=0.5)
+    assert failed.meta["optimus_eqsat"].fell_back and len(PROGRAMS) == 2
 
 
 @pytest.mark.parametrize("switch", ["env", "option", "inductor_force_disable_caches"])
