@@ -11,6 +11,7 @@ of two gloo processes on loopback, bounded by a deadline: the distributed ones o
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 import traceback
@@ -118,7 +119,8 @@ def _run_case(case: str, rank: int, world: int) -> dict:
     ours = _DEFAULT.reports[reports:]
     return {"eager_difference": _max_difference(model, reference),
             "identical": all(torch.equal(gathered[0], other) for other in gathered[1:]),
-            "graphs": len(ours), "measured": [r.measured.summary() for r in ours if r.measured is not None]}
+            "graphs": len(ours), "measured": [r.measured.summary() for r in ours if r.measured is not None],
+            "from_cache": sum(r.from_cache for r in ours)}
 
 
 class Checkpointed(Experts):
@@ -192,8 +194,19 @@ def _free_port() -> int:
 def distributed_results(tmp_path_factory) -> Path:
     """Every distributed case run once in ``WORLD`` gloo processes; their results by file."""
     out = tmp_path_factory.mktemp("distributed")
-    context = mp.start_processes(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False,
-                                 start_method="spawn")
+    # The persistent cache on, as users run it (conftest turns it off): later cases compile
+    # graphs earlier ones stored, so entries are read under DDP and FSDP2 too.
+    saved = {k: os.environ.get(k) for k in ("OPTIMUS_EQSAT_CACHE", "OPTIMUS_EQSAT_CACHE_DIR")}
+    os.environ.update(OPTIMUS_EQSAT_CACHE="1", OPTIMUS_EQSAT_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
+    try:
+        context = mp.start_processes(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False,
+                                     start_method="spawn")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not context.join(timeout=max(1.0, deadline - time.monotonic())):
@@ -227,6 +240,13 @@ def test_two_ranks_train_as_eager_under_the_default_backend(distributed_results:
         # DDPOptimizer cut the graph and ran its pieces on fake tensors; the choice waited for
         # the first real call and timed there
         assert results[0]["graphs"] > 1 and any("measured" in m for m in results[0]["measured"]), results[0]
+
+
+def test_ranks_read_the_persistent_cache_and_still_train_as_eager(distributed_results: Path):
+    """Both ranks write the same entries (atomically) and later cases read them back."""
+    results = [_result(distributed_results, f"{case}.{rank}") for case in DISTRIBUTED_CASES for rank in range(WORLD)]
+    assert sum(r["from_cache"] for r in results) > 0, results
+    assert all(r["identical"] and r["eager_difference"] <= TOLERANCE for r in results)
 
 
 def test_compiled_autograd_trains_as_eager_and_the_choice_never_fails(distributed_results: Path):
