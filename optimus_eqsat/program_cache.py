@@ -267,7 +267,14 @@ class StoredDecision:
 
 
 def load_decision(key: str | None) -> StoredDecision | None:
-    return DECISIONS.get(key) if key is not None else None
+    """The decision stored under ``key``; its measurement says it was made by an earlier run and
+    holds none of that run's compile or timing seconds (this process spent none of them)."""
+    stored = DECISIONS.get(key) if key is not None else None
+    if stored is None:
+        return None
+    earlier = replace(stored.measured, compile_s={}, timing_s=0.0,
+                      reason=f"{stored.measured.reason}; an earlier run's measurement, cached")
+    return StoredDecision(stored.kept, earlier)
 
 
 def store_decision(key: str | None, measured: Any) -> None:

@@ -194,6 +194,7 @@ def test_a_restarted_backend_reuses_the_measured_decision_untimed(cache_dir):
     report = second.reports[-1]
     assert report.from_cache and report.measured.kept == measured.kept
     assert report.measured.step_s == measured.step_s  # the stored measurement, not a new one
+    assert "earlier run" in report.measured.reason and report.measured.overhead_s == 0
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
 
