@@ -130,7 +130,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = config_from_args(args)
-    out = Path(args.out or ("benchmarks/results/gpu" if config.device.startswith("cuda") else "benchmarks/results"))
+    # (without --out, a run replaces the study's default table: one current table per study)
+    out = Path(args.out or ("benchmarks/results/gpu" if config.device.startswith("cuda")
+                            else "benchmarks/results/step_time/default"))
     rows = run(config)
     written = write_all(rows, out)
     print("step time / Inductor default: median [p10, p90] over rounds (* not stable); inductor_ms: its step time")

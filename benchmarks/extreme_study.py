@@ -25,8 +25,8 @@ of it ("ours"):
   forward plus backward compiled by Inductor) and the measured CPU step time (one
   thread, process CPU time, interleaved rounds, median): benchmarks/extreme_cpu.py.
 
-    python -m benchmarks.extreme_study --generator both --features 20,100,500,2000 \\
-        --training 20,100,500,2000 --inductor 20,100 --out benchmarks/results/extreme
+    python -m benchmarks.extreme_study --generator ragged --features 20,100,500,2000 \\
+        --training 20,100,500,2000 --inductor 20,100 --out benchmarks/results/extreme/ragged
 
 Writes ``extreme_study.md`` (tables and the targets), ``extreme_study.csv`` (every
 column) and ``extreme_details.md`` (per row: the optimizer's reports and the
@@ -299,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip Inductor's Optimus pre-grad passes (minutes at 2,000 features)")
     parser.add_argument("--no-floor", action="store_true", help="skip the ragged generator's floor programs")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--out", default="benchmarks/results/extreme")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/extreme/GENERATOR")
     args = parser.parse_args(argv)
     generators = ["ragged", "uniform"] if args.generator == "both" else [args.generator]
+    args.out = args.out or f"benchmarks/results/extreme/{args.generator}"
     training, inductor = set(_sizes(args.training)), set(_sizes(args.inductor))
     rows = []
     for generator in generators:

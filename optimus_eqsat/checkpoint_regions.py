@@ -5,8 +5,8 @@ higher-order op ``tag_activation_checkpoint(body, *args)``, whose body is a
 GraphModule attribute. Under AOTAutograd the op runs its body with every op tagged
 "recompute in the backward" (``node.meta["recompute"]``, one ``ac_graph_id`` per
 region), and Inductor's partitioner then recomputes the tagged ops instead of saving
-their results. The optimizer cannot see into the op, so checkpointed experts were
-never batched.
+their results. Left as the op, its body is opaque to the optimizer and checkpointed
+experts could not batch.
 
 :func:`inline_checkpoints` writes each region's body into the graph itself, every
 inlined node carrying the tags the op would have given it (AOTAutograd copies these

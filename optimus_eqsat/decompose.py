@@ -38,9 +38,10 @@ the normalization is pure ops the optimizer batches across experts (the variance
 mean of a stack of members is one reduction), and the updates are in-place writes of
 the norms' own statistics, ordered only against other accesses to them (translate.py's
 effects), so norms of different experts never wall each other off. The updates of
-all norms whose statistics nothing else reads are one ``torch._foreach_lerp_`` at the
-end of the graph, and their ``num_batches_tracked += 1`` one ``torch._foreach_add_``:
-one kernel each, wherever the optimizer computes the statistics.
+all norms whose statistics nothing else reads are three foreach ops at the end of the
+graph (scale by ``1 - momentum``, add ``momentum`` times the batch mean, and the batch's
+unbiased variance), and their ``num_batches_tracked += 1`` one ``torch._foreach_add_``:
+Inductor runs each as one kernel, wherever the optimizer computes the statistics.
 Norms of inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static
 sizes, a constant momentum and eps, and statistics and affine parameters of the input's
 dtype are decomposed when another norm of the same input shape could batch with them
