@@ -1,0 +1,218 @@
+"""Small recommendation models written as users and their libraries write them (torchrec's DLRM,
+deepctr's DIN with Dice, Hugging Face's stacked-expert MoE, rechub's MMOE with every kind of
+batch norm, forward hooks and in-place ops, frozen embeddings, dict outputs), with batches.
+``tests/test_user_shaped_models.py`` trains them through the backend against eager."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 16
+
+
+class DLRM(nn.Module):
+    """EmbeddingBags fed (values, offsets, per-sample weights), a bottom MLP, the pairwise dot
+    interaction read through triu indices, a top MLP."""
+
+    def __init__(self, tables=(50, 40, 30), dim: int = 8, dense: int = 13):
+        super().__init__()
+        self.embs = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum") for n in tables)
+        self.bottom = nn.Sequential(nn.Linear(dense, 32), nn.ReLU(), nn.Linear(32, dim), nn.ReLU())
+        features = len(tables) + 1
+        rows, cols = torch.triu_indices(features, features, offset=1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.top = nn.Sequential(nn.Linear(dim + features * (features - 1) // 2, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def forward(self, dense, ids, offsets, weights):
+        x = self.bottom(dense)
+        pooled = [e(ids[k], offsets[k], per_sample_weights=weights[k]) for k, e in enumerate(self.embs)]
+        t = torch.stack([x] + pooled, dim=1)
+        z = torch.bmm(t, t.transpose(1, 2))[:, self.rows, self.cols]
+        return torch.sigmoid(self.top(torch.cat([x, z], 1))).squeeze(1)
+
+
+def dlrm_batches(n: int = 3, batch: int = BATCH, tables=(50, 40, 30)) -> list[tuple]:
+    out = []
+    for _ in range(n):
+        lengths = [torch.randint(1, 4, (batch,)) for _ in tables]
+        ids = [torch.randint(0, t, (int(l.sum()),)) for t, l in zip(tables, lengths)]
+        offsets = [torch.cat([torch.zeros(1, dtype=torch.long), l.cumsum(0)[:-1]]) for l in lengths]
+        out.append((torch.randn(batch, 13), ids, offsets, [torch.rand(i.shape[0]) for i in ids]))
+    return out
+
+
+class Dice(nn.Module):
+    """deepctr's Dice: a batch norm without affine parameters gating the input."""
+
+    def __init__(self, dim: int, eps: float = 1e-9):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(dim, eps=eps, affine=False)
+        self.alpha = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        p = torch.sigmoid(self.bn(x.transpose(1, 2)).transpose(1, 2) if x.dim() == 3 else self.bn(x))
+        return self.alpha * (1 - p) * x + p * x
+
+
+class DIN(nn.Module):
+    """Target attention over a zero-padded behaviour sequence (padding_idx 0): masked_fill with
+    -inf, softmax, weighted sum; PReLU MLP."""
+
+    def __init__(self, vocab: int = 50, dim: int = 8, act: str = "dice"):
+        super().__init__()
+        self.item = nn.Embedding(vocab, dim, padding_idx=0)
+        self.user = nn.Embedding(20, dim)
+        self.att1 = nn.Linear(4 * dim, 16)
+        self.att_act = Dice(16) if act == "dice" else nn.PReLU()
+        self.att2 = nn.Linear(16, 1)
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, 32), nn.PReLU(), nn.Linear(32, 1))
+
+    def forward(self, uid, target, hist):
+        mask = hist != 0
+        k, q = self.item(hist), self.item(target)
+        qe = q.unsqueeze(1).expand(-1, hist.shape[1], -1)
+        s = self.att2(self.att_act(self.att1(torch.cat([qe, k, qe - k, qe * k], -1)))).squeeze(-1)
+        s = s.masked_fill(~mask, float("-inf")).softmax(-1)
+        pooled = (s.unsqueeze(-1) * k).sum(1)
+        return torch.sigmoid(self.mlp(torch.cat([self.user(uid), q, pooled], -1))).squeeze(-1)
+
+
+def din_batches(n: int = 3, batch: int = BATCH, length: int = 7) -> list[tuple]:
+    out = []
+    for _ in range(n):
+        hist = torch.randint(1, 50, (batch, length))
+        lengths = torch.randint(1, length + 1, (batch,))
+        hist[torch.arange(length)[None] >= lengths[:, None]] = 0
+        out.append((torch.randint(0, 20, (batch,)), torch.randint(1, 50, (batch,)), hist))
+    return out
+
+
+class StackedMoE(nn.Module):
+    """Hugging Face style: experts' weights stacked in one parameter [E, d, h], top-k routing
+    (torch.topk, scatter of the weights) and index_add of each expert's output."""
+
+    def __init__(self, dim: int = 16, hidden: int = 32, experts: int = 4, k: int = 2):
+        super().__init__()
+        self.inp = nn.Linear(8, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.gate = nn.Linear(dim, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, dim, hidden) * 0.1)
+        self.w2 = nn.Parameter(torch.randn(experts, hidden, dim) * 0.1)
+        self.head = nn.Linear(dim, 1)
+        self.experts, self.k = experts, k
+
+    def forward(self, x):
+        h = self.inp(x)
+        flat = self.norm(h).reshape(-1, h.shape[-1])
+        probs = self.gate(flat).softmax(-1)
+        w, idx = torch.topk(probs, self.k, dim=-1)
+        routing = torch.zeros_like(probs).scatter(1, idx, w / w.sum(-1, keepdim=True))
+        out = torch.zeros_like(flat)
+        rows = torch.arange(flat.shape[0], device=flat.device)
+        for e in range(self.experts):
+            y = F.silu(flat @ self.w1[e]) @ self.w2[e] * routing[:, e:e + 1]
+            out = out.index_add(0, rows, y)
+        return self.head(h + out.reshape(h.shape)).mean()
+
+
+def moe_batches(n: int = 3) -> list[tuple]:
+    return [(torch.randn(4, 5, 8),) for _ in range(n)]
+
+
+class NormMMOE(nn.Module):
+    """rechub/deepctr MMOE whose experts and towers use one kind of batch norm (``affine=False``,
+    ``track_running_stats=False``, or the default), PReLU, a LayerNorm without affine
+    parameters; a dict of tasks out."""
+
+    def __init__(self, norm: str = "noaffine", inputs: int = 10, experts: int = 3):
+        super().__init__()
+        kw = {"noaffine": dict(affine=False), "notrack": dict(track_running_stats=False), "plain": {}}[norm]
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(inputs, 16), nn.BatchNorm1d(16, **kw), nn.PReLU(), nn.Linear(16, 8),
+                          nn.LayerNorm(8, elementwise_affine=False), nn.ReLU()) for _ in range(experts))
+        self.gates = nn.ModuleList(nn.Linear(inputs, experts) for _ in range(2))
+        self.towers = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, **kw), nn.ReLU(), nn.Linear(8, 1)) for _ in range(2))
+
+    def forward(self, x):
+        ex = torch.stack([e(x) for e in self.experts], 1)
+        out = {}
+        for t, (gate, tower) in enumerate(zip(self.gates, self.towers)):
+            mixed = (ex * gate(x).softmax(-1).unsqueeze(-1)).sum(1)
+            out[f"task{t}"] = torch.sigmoid(tower(mixed)).squeeze(-1)
+        return out
+
+
+class HookedMMOE(nn.Module):
+    """Forward hooks and pre-hooks on the experts' layers, ReLU(inplace=True), ``h += x`` and
+    ``F.relu_``; a tuple of tasks out."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(10, 16), nn.ReLU(inplace=True), nn.Linear(16, 8)) for _ in range(3))
+        self.gates = nn.ModuleList(nn.Linear(10, 3) for _ in range(2))
+        self.towers = nn.ModuleList(nn.Linear(8, 1) for _ in range(2))
+        for e in self.experts:
+            e[0].register_forward_hook(lambda m, i, o: o * 0.5)
+            e[2].register_forward_pre_hook(lambda m, i: (i[0] + 1.0,))
+
+    def forward(self, x):
+        ex = torch.stack([e(x) for e in self.experts], 1)
+        outs = []
+        for gate, tower in zip(self.gates, self.towers):
+            h = (ex * gate(x).softmax(-1).unsqueeze(-1)).sum(1)
+            h += x[:, :8]
+            outs.append(tower(F.relu_(h)).squeeze(-1))
+        return tuple(outs)
+
+
+def dense_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
+    return [(torch.randn(batch, 10),) for _ in range(n)]
+
+
+class FrozenTowers(nn.Module):
+    """Embeddings with padding_idx, half of them frozen (requires_grad=False), per-feature MLPs,
+    a dict of two tasks sliced out of one head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embs = nn.ModuleList(nn.Embedding(30, 8, padding_idx=0) for _ in range(4))
+        for e in self.embs[:2]:
+            e.weight.requires_grad_(False)
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)) for _ in range(4))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, ids):
+        h = torch.cat([m(e(ids[:, i])) for i, (e, m) in enumerate(zip(self.embs, self.mlps))], 1)
+        o = self.head(h)
+        return {"ctr": torch.sigmoid(o[:, 0]), "cvr": torch.sigmoid(o[:, 1])}
+
+
+def id_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
+    return [(torch.randint(0, 30, (batch, 4)),) for _ in range(n)]
+
+
+class WideDeep(nn.Module):
+    """Wide part accumulated in place (``wide += emb(x)``), deep part with ReLU(inplace=True)."""
+
+    def __init__(self, features: int = 5, vocab: int = 40, dim: int = 8):
+        super().__init__()
+        self.wide = nn.ModuleList(nn.Embedding(vocab, 1) for _ in range(features))
+        self.embs = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(features))
+        self.deep = nn.Sequential(nn.Linear(features * dim + 3, 64), nn.ReLU(inplace=True),
+                                  nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 1))
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, sparse, dense):
+        wide = self.linear(dense)
+        for i, e in enumerate(self.wide):
+            wide += e(sparse[:, i])
+        x = torch.cat([e(sparse[:, i]) for i, e in enumerate(self.embs)] + [dense], 1)
+        return torch.sigmoid(wide + self.deep(x)).squeeze(1)
+
+
+def wide_deep_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
+    return [(torch.randint(0, 40, (batch, 5)), torch.randn(batch, 3)) for _ in range(n)]
