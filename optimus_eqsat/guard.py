@@ -65,6 +65,10 @@ Program = Callable[..., Any]
 MEMORY_SLACK = (1.05, 64 << 10)
 
 
+# The reason of a choice that needed no timing: no pass rewrote the program.
+NOTHING_TO_TIME = "no rewrite that needs timing"
+
+
 @dataclass
 class GuardResult:
     """What the measurement found (``OptimizeReport.measured``)."""
@@ -473,7 +477,7 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
             if not rewritten(training):
                 # (no timing_s: that step was mostly the backward's compile, which any compile pays)
                 return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
-                                   reason="no rewrite that needs timing (the program is the original, or it with bool masks "
+                                   reason=f"{NOTHING_TO_TIME} (the program is the original, or it with bool masks "
                                           "recomputed), compiled once")
         layouts: dict[str, list[Any]] = {}
         rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s,

@@ -278,6 +278,15 @@ def load_decision(key: str | None) -> StoredDecision | None:
 
 
 def store_decision(key: str | None, measured: Any) -> None:
-    """Store a timed decision (a ``guard.GuardResult`` with rounds) under ``key``."""
-    if key is not None and measured is not None and measured.rounds:
+    """Store a decision (a ``guard.GuardResult``) under ``key``: a timed one, or one that needed
+    no timing because no pass rewrote the program. The latter matters most: in a restarted
+    process Inductor's caches serve the program without running our passes, so the backend
+    cannot see that they left it alone and would time it against a fresh compile of the
+    original (ResNet-18 training: 67 s warm against Inductor's 5 s). Not stored: a choice
+    that could not time here (collectives, fake tensors), which a later call may time."""
+    if key is None or measured is None:
+        return
+    from .guard import NOTHING_TO_TIME
+
+    if measured.rounds or measured.reason.startswith(NOTHING_TO_TIME):
         DECISIONS.put(key, StoredDecision(measured.kept, measured))

@@ -199,6 +199,25 @@ def test_a_restarted_backend_reuses_the_measured_decision_untimed(cache_dir):
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_a_choice_that_needed_no_timing_is_stored_so_a_cache_served_program_is_not_timed(cache_dir):
+    """Nothing to batch (the masks alone recomputed): the first process compiles once, untimed.
+    Later, Inductor's cache serves the program without running our passes; the stored decision
+    says there is nothing to time, where the backend alone could not tell and would time it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)).train()
+    x = torch.randn(32, 8)
+    first, second = make_backend(measure_budget_s=0.05), make_backend(measure_budget_s=0.05)
+    from torch._functorch import config as functorch_config
+
+    # our passes run only in a compile no cache serves (earlier tests may have filled it)
+    with torch._inductor.config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        _step(model, first, x)
+    assert first.reports[-1].measured.rounds == 0 and len(DECISIONS) == 1
+    _step(model, second, x)  # (Inductor's caches may serve this compile: our passes then do not run)
+    report = second.reports[-1]
+    assert report.from_cache and report.measured.rounds == 0 and "earlier run" in report.measured.reason
+
+
 def test_a_cached_decision_for_the_original_compiles_the_original_alone(cache_dir, monkeypatch):
     import optimus_eqsat.backend as backend_module
 
