@@ -19,8 +19,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 
 __all__ = [
     "ENode",
@@ -208,6 +206,11 @@ class CompactGraph:
             for ch in chs:
                 src.append(c)
                 dst.append(ch)
+        from scipy.sparse import (
+            csr_matrix,  # (imported here: scipy costs 0.5 s at import)
+        )
+        from scipy.sparse.csgraph import connected_components
+
         adj = csr_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(nc, nc))
         ncomp, labels_np = connected_components(adj, directed=True, connection="strong")
         labels = labels_np.tolist()

@@ -24,11 +24,21 @@ from __future__ import annotations
 import math
 import time
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
-from .egraph import CompactGraph, Extraction, ExtractionError, ExtractionGraph, compact, dag_cost
+if TYPE_CHECKING:
+    from scipy.optimize import Bounds, LinearConstraint
+
+from .egraph import (
+    CompactGraph,
+    Extraction,
+    ExtractionError,
+    ExtractionGraph,
+    compact,
+    dag_cost,
+)
 from .greedy import GreedyDagExtractor
 from .ilp_model import _build, _decode
 from .ilp_reduce import reduce_for_ilp
@@ -171,6 +181,10 @@ def _solve(objective: np.ndarray, integrality: np.ndarray, bounds: Bounds, const
     except ImportError:
         if give_up is not None:
             options = {**options, "time_limit": min(float(options["time_limit"]), give_up[0])}
+        from scipy.optimize import (
+            milp,  # (imported where used: scipy is slow to import)
+        )
+
         res = milp(objective, integrality=integrality, bounds=bounds, constraints=constraints,
                    options={**options, "disp": False})
         return SimpleNamespace(x=res.x, status=int(res.status), message=res.message, solver="scipy",

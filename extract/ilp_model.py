@@ -53,10 +53,13 @@ what was tried instead, and how to check a change: docs/ilp.md.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import networkx as nx
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint
-from scipy.sparse import coo_matrix
+
+if TYPE_CHECKING:
+    from scipy.optimize import Bounds, LinearConstraint
 
 from .egraph import CompactGraph
 from .ilp_needs import _bits, _need_pairs, _needs, _node_needs
@@ -343,6 +346,12 @@ def _build(cg: CompactGraph, need_rows: bool = True, conflict_rows: bool = True,
     ub = np.concatenate([np.ones(n_x + n_c), np.array(model.extra_ub, dtype=float)])
     ub[self_loops] = 0.0
     ub[[n for n, v in below.items() if v is None]] = 0.0  # no acyclic program can pick it
+    from scipy.optimize import (  # (imported where used: scipy is slow to import)
+        Bounds,
+        LinearConstraint,
+    )
+    from scipy.sparse import coo_matrix
+
     a = coo_matrix((model.vals, (model.rows, model.cols)), shape=(len(model.lo), n_var)).tocsr()
     return objective, integrality, Bounds(lb, ub), LinearConstraint(a, model.lo, model.hi), n_x
 
