@@ -181,10 +181,35 @@ class _NodeRef:
         self.name = name
 
 
+class _FunctionRef:
+    """A function pickle cannot name (``F.max_pool2d`` is a local of torch's
+    ``boolean_dispatch``), by the module and name it is reachable at."""
+
+    def __init__(self, target: Any):
+        self.module, self.name = target.__module__, target.__name__
+
+    def resolve(self) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.name)
+
+
+def _picklable_target(target: Any) -> Any:
+    """``target``, or a :class:`_FunctionRef` to it when pickle cannot name it but its module
+    attribute of that name is the very function."""
+    if _picklable(target):
+        return target
+    ref = _FunctionRef(target)
+    if ref.resolve() is not target:
+        raise ValueError(f"target {target!r} cannot be named")
+    return ref
+
+
 def _pickled_nodes(graph: torch.fx.Graph) -> bytes:
     """The graph as a flat list (pickling a Graph recurses along its linked list of nodes and
     overflows the stack at a few hundred nodes) with its code generator."""
-    rows = [(n.op, n.name, n.target, torch.fx.node.map_arg(n.args, lambda a: _NodeRef(a.name)),
+    rows = [(n.op, n.name, _picklable_target(n.target) if n.op == "call_function" else n.target,
+             torch.fx.node.map_arg(n.args, lambda a: _NodeRef(a.name)),
              torch.fx.node.map_arg(n.kwargs, lambda a: _NodeRef(a.name)), n.type) for n in graph.nodes]
     return pickle.dumps((rows, graph._codegen), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -197,6 +222,7 @@ def _unpickled_graph(data: bytes) -> torch.fx.Graph:
         return made[arg.name] if isinstance(arg, _NodeRef) else arg
 
     for op, name, target, args, kwargs, type_ in rows:
+        target = target.resolve() if isinstance(target, _FunctionRef) else target
         args = torch.fx.node.map_aggregate(args, node)
         kwargs = torch.fx.node.map_aggregate(kwargs, node)
         made[name] = graph.create_node(op, target, args, kwargs, name=name, type_expr=type_)

@@ -268,3 +268,22 @@ def test_the_backends_default_budget_grows_with_the_graph(monkeypatch):
             assert BACKEND_BASE_S < limits[-1] < BACKEND_BASE_S + 0.2
         else:
             assert limits[-1] == expected
+
+
+def test_a_graph_calling_functions_pickle_cannot_name_is_cached(cache_dir):
+    """``F.max_pool2d`` is a local function of torch's boolean_dispatch: stored by name."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 2))
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 8, 8)
+    torch.compile(model, backend=grab)(x)
+    gm, inputs = graphs[0]
+    first = optimize_graph(gm, inputs, profile="cpu")
+    second = optimize_graph(gm, inputs, profile="cpu")
+    assert second.meta["optimus_eqsat"].from_cache and second.code == first.code
+    torch.testing.assert_close(second(*inputs), first(*inputs))
