@@ -208,15 +208,18 @@ def _picklable_target(target: Any) -> Any:
 def _pickled_nodes(graph: torch.fx.Graph) -> bytes:
     """The graph as a flat list (pickling a Graph recurses along its linked list of nodes and
     overflows the stack at a few hundred nodes) with its code generator."""
+    def ref(node: torch.fx.Node) -> Any:
+        return _NodeRef(node.name)
+
     rows = [(n.op, n.name, _picklable_target(n.target) if n.op == "call_function" else n.target,
-             torch.fx.node.map_arg(n.args, lambda a: _NodeRef(a.name)),
-             torch.fx.node.map_arg(n.kwargs, lambda a: _NodeRef(a.name)), n.type) for n in graph.nodes]
+             torch.fx.node.map_arg(n.args, ref), torch.fx.node.map_arg(n.kwargs, ref), n.type)
+            for n in graph.nodes]
     return pickle.dumps((rows, graph._codegen), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _unpickled_graph(data: bytes) -> torch.fx.Graph:
     rows, codegen = pickle.loads(data)
-    graph, made = torch.fx.Graph(), {}
+    graph, made = torch.fx.Graph(), {}  # type: torch.fx.Graph, dict[str, torch.fx.Node]
 
     def node(arg: Any) -> Any:
         return made[arg.name] if isinstance(arg, _NodeRef) else arg
