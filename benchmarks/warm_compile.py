@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 "(compile and one step); cold: empty caches, warm: a second process on the first's caches "
                 "(Inductor's FX graph and AOTAutograd caches; ours: the persistent cache). Ratios paired per "
                 "round (median and 10th / 90th percentiles).", ""]
-        Path(args.out).write_text("\n".join(head) + table + "\n")
+        Path(args.out).write_text("\n".join(head) + "\n" + table + "\n")
     return 0
 
 
