@@ -33,9 +33,10 @@ MAX_ENTRIES = 1000  # per kind; the oldest go first
 
 
 def cache_root() -> Path:
-    """The folder of every kind of entry (see the module docstring)."""
+    """The folder of every kind of entry (see the module docstring); the user's calibrated
+    device profiles live in its ``profiles`` folder (``calibration/store.py``)."""
     if os.environ.get(DIR_ENV):
-        return Path(os.environ[DIR_ENV])
+        return Path(os.environ[DIR_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "optimus_eqsat"
 

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from .disk_cache import DiskCache, cache_enabled, code_fingerprint, digest
+from .disk_cache import DiskCache, cache_enabled, cache_root, code_fingerprint, digest
 from .fx_graphs import carry_dynamo_attributes, copy_module
 from .fxvocab.symbolic import symbolic_value
 from .report import OptimizeReport
@@ -80,14 +80,24 @@ def _program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
                [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]]
     constants = sorted((name, _value_signature(v)) for name, v in gm.__dict__.items()
                        if isinstance(v, torch.Tensor))
-    modules = [(name, type(m).__qualname__, m.code if isinstance(m, torch.fx.GraphModule) else repr(m))
-               for name, m in gm.named_modules() if name]
+    # (a module's repr leaves out its training flag, which a call_module batch norm or dropout reads)
+    modules = [(name, type(m).__qualname__, m.training, m.code if isinstance(m, torch.fx.GraphModule) else repr(m))
+               for name, m in gm.named_modules()]
     option_values = [(f.name, getattr(options, f.name)) for f in fields(options) if f.name != "persistent_cache"]
     rule_files = [open(path, "rb").read() for path in options.rule_files]
     modes = (torch.is_grad_enabled(), torch.is_autocast_enabled(), bool(inductor_config.freezing),
              bool(inductor_config.fallback_random))
     return digest(code_fingerprint(), gm.code, inputs, placeholders, tensors, constants, modules, option_values,
-                  rule_files, modes)
+                  rule_files, modes, _device_profiles())
+
+
+def _device_profiles() -> tuple[Any, ...]:
+    """What the cost model's "auto" profile reads besides the inputs' device: the CPU threads
+    and the user's calibrated profiles (``optimus-eqsat calibrate`` writes them next to this
+    cache), by name, size and modification time."""
+    folder = cache_root() / "profiles"
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return torch.get_num_threads(), [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
 def _value_signature(value: Any) -> Any:

@@ -78,7 +78,7 @@ def test_a_dynamo_training_graph_is_restored_with_the_same_meta(cache_dir):
             assert (a.meta["val"].shape, a.meta["val"].stride()) == (b.meta["val"].shape, b.meta["val"].stride())
 
 
-@pytest.mark.parametrize("change", ["shape", "options", "grad_mode", "rule_set"])
+@pytest.mark.parametrize("change", ["shape", "options", "grad_mode", "rule_set", "calibration", "threads"])
 def test_an_entry_is_not_served_for_another_graph_input_option_or_mode(cache_dir, change):
     gm, inputs = _demo()
     optimize_graph(gm, inputs, profile="h100")
@@ -89,9 +89,37 @@ def test_an_entry_is_not_served_for_another_graph_input_option_or_mode(cache_dir
         kwargs["min_gain"] = 0.02
     elif change == "rule_set":
         kwargs["rulesets"] = ("algebraic",)
-    with torch.set_grad_enabled(change != "grad_mode"):
-        again = optimize_graph(gm, inputs, **kwargs)
+    elif change == "calibration":  # a profile `optimus-eqsat calibrate` wrote since
+        (cache_dir / "profiles").mkdir()
+        (cache_dir / "profiles" / "cpu_float32.json").write_text("{}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1 if change == "threads" else threads)
+    try:
+        with torch.set_grad_enabled(change != "grad_mode"):
+            again = optimize_graph(gm, inputs, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
     assert not again.meta["optimus_eqsat"].from_cache and len(PROGRAMS) == 2
+
+
+def test_a_module_switched_between_train_and_eval_is_not_served_the_other_modes_program(cache_dir):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 4))
+    gm, x = torch.fx.symbolic_trace(model), torch.randn(32, 8)
+    with torch.no_grad():
+        gm.eval()
+        evaluated = optimize_graph(gm, (x,), profile="h100")
+        gm.train()
+        trained = optimize_graph(gm, (x,), profile="h100")
+        assert not trained.meta["optimus_eqsat"].from_cache
+        trained.train(), gm.train()
+        torch.manual_seed(1)
+        expected = gm(x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(trained(x), expected)  # batch statistics and dropout, as in train mode
+        gm.eval()
+        assert optimize_graph(gm, (x,), profile="h100").meta["optimus_eqsat"].from_cache
+        torch.testing.assert_close(evaluated(x), gm(x))
 
 
 def test_the_cost_models_fallback_and_a_time_limit_cut_are_cached_an_error_is_not(cache_dir, monkeypatch):
