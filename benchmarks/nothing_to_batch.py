@@ -61,11 +61,6 @@ def run(model: str, method: str, batch: int, steps: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _spread(values: list[float]) -> str:
-    s = spread(values)
-    return f"{s.median:.2f} [{s.p10:.2f}, {s.p90:.2f}]"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet18,bert")
@@ -94,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         first = [o["first_s"] / i["first_s"] for i, o in zip(ind, ours)]
         step = [o["step_ms"] / i["step_ms"] for i, o in zip(ind, ours)]
         lines.append(f"| {model} | {statistics.median(r['first_s'] for r in ind):.1f} | "
-                     f"{statistics.median(r['first_s'] for r in ours):.1f} | {_spread(first)} | "
+                     f"{statistics.median(r['first_s'] for r in ours):.1f} | {spread(first)} | "
                      f"{statistics.median(r['step_ms'] for r in ind):.1f} | {statistics.median(r['step_ms'] for r in ours):.1f} | "
-                     f"{_spread(step)} |")
+                     f"{spread(step)} |")
     table = "\n".join(lines)
     print(table)
     if args.out:

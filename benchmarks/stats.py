@@ -35,6 +35,10 @@ class Spread:
             return math.inf
         return (self.p90 - self.p10) / abs(self.median)
 
+    def __str__(self) -> str:
+        """``median [p10, p90]`` with two decimals (a ratio's cell in a results table)."""
+        return f"{self.median:.2f} [{self.p10:.2f}, {self.p90:.2f}]"
+
 
 def spread(values: Sequence[float]) -> Spread:
     """The :class:`Spread` of the finite values."""

@@ -102,11 +102,6 @@ def run_pair(name: str, method: str, mode: str, batch: int) -> tuple[float, floa
     return times[0], times[1]
 
 
-def _spread(values: list[float]) -> str:
-    s = spread(values)
-    return f"{s.median:.2f} [{s.p10:.2f}, {s.p90:.2f}]"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="zoo:mmoe,library:rechub.MMOE,plain:resnet18")
@@ -135,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         cold = [o[0] / i[0] for i, o in zip(ind, ours)]
         warm = [o[1] / i[1] for i, o in zip(ind, ours)]
         lines.append(f"| {model} | {mode} | {statistics.median(r[0] for r in ind):.1f} | "
-                     f"{statistics.median(r[0] for r in ours):.1f} | {_spread(cold)} | "
+                     f"{statistics.median(r[0] for r in ours):.1f} | {spread(cold)} | "
                      f"{statistics.median(r[1] for r in ind):.2f} | {statistics.median(r[1] for r in ours):.2f} | "
-                     f"{_spread(warm)} |")
+                     f"{spread(warm)} |")
     table = "\n".join(lines)
     print(table)
     if args.out:
