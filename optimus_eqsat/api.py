@@ -68,7 +68,7 @@ def optimize_graph(
     opts = OptimizeOptions.from_kwargs(**options)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"optimize_graph takes a torch.fx.GraphModule, got {type(gm).__name__}")
-    key = _program_key(gm, example_inputs, opts)
+    key = program_key(gm, example_inputs, opts)
     cached = load_program(key, gm, example_inputs) if key is not None else None
     if cached is not None:
         return cached
@@ -101,15 +101,6 @@ def optimize_graph(
     if key is not None:
         store_program(key, gm, result, report, bool(wants_meta))
     return result
-
-
-def _program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, opts: OptimizeOptions) -> str | None:
-    """The persistent cache's key of this optimization, or None (cache off, or not keyable)."""
-    try:
-        return program_key(gm, example_inputs, opts)
-    except Exception as exc:  # the cache is an aid: never a reason to fail
-        log.info("optimus_eqsat: not cached (%s: %s)", type(exc).__name__, exc)
-        return None
 
 
 class OptimizationRun:

@@ -56,13 +56,16 @@ class StoredProgram:
 
 def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, options: Any) -> str | None:
     """The key of ``gm``'s program under ``options`` (an ``OptimizeOptions``), or None when the
-    cache is off or the graph cannot be keyed (symbolic sizes, inputs of unknown kinds)."""
+    cache is off or the graph cannot be keyed (symbolic sizes, inputs of unknown kinds); never raises."""
     if not (options.persistent_cache and cache_enabled()):
         return None
     try:
         return _program_key(gm, example_inputs, options)
     except _NotKeyable as exc:
         log.debug("optimus_eqsat: not cached: %s", exc)
+        return None
+    except Exception as exc:  # the cache is an aid: never a reason to fail
+        log.info("optimus_eqsat: not cached (%s: %s)", type(exc).__name__, exc)
         return None
 
 
