@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx
 
 from .api import OptimizeOptions, optimize_graph
 from .budget import backend_time_limit
+from .ddp_whole_graph import Piece, current_piece, piece_count, piece_mode, sink_input_work
+from .ddp_whole_graph import install as install_ddp_whole_graph
 from .fx_graphs import copy_module, op_count
 from .fxvocab.symbolic import symbolic_value
 from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
@@ -78,6 +80,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       for every program the backend compiles, and around the optimizer (which reads
       ``freezing``); ``torch.compile(..., backend="optimus_eqsat", mode=..., options=...)``
       fills it from the mode and from options that name Inductor configs;
+    - ``whole_ddp_graph=True``: under ``torch.compile(DDP(model))``, optimize Dynamo's whole
+      graph before DDPOptimizer cuts it at the gradient buckets, so experts in different
+      buckets still batch (:mod:`.ddp_whole_graph`); the measured choice then times the
+      optimized program's pieces against the original's. ``False``: each piece alone;
     - ``cache_parameters=True``: in inference, work on parameters alone (the stacks of
       batched weights) runs once and again only when a parameter changes, not every
       step: the parameters move into the stacks' storage (values unchanged), so the stacks
@@ -92,6 +98,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     pre_grad = options.pop("pre_grad", True)
     post_grad = options.pop("post_grad", True)
     recompute_masks = options.pop("recompute_masks", True)
+    whole_ddp_graph = options.pop("whole_ddp_graph", True)
     options.setdefault("cached_parameters", options.pop("cache_parameters", True))
     scaled_budget = "time_limit_s" not in options  # the default budget grows with each graph
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
@@ -105,41 +112,46 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     post_reports: list[tuple[str, OptimizeReport]] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        from torch._functorch import config as functorch_config
-        from torch._inductor import config
-
-        with contextlib.ExitStack() as patches:
-            if inductor_config:
-                patches.enter_context(config.patch(inductor_config))
-            if measure and _fake_first_call():
-                # DDPOptimizer's pieces: their backwards, compiled lazily, must be compiled one per
-                # piece in reverse order (each takes the next of its per-piece metadata records);
-                # the measured choice compiles backwards of several programs in the forward.
-                # Compiled now, each with its own metadata, none is compiled lazily.
-                patches.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
-            return compile_with_us(gm, example_inputs)
+        with _compile_scope(inductor_config, measure and _fake_first_call()):
+            piece = current_piece()
+            if piece is Piece.ORIGINAL:
+                return _inductor(inductor_config)(gm, example_inputs)
+            if piece is Piece.OPTIMIZED:
+                return compile_optimized_piece(gm, example_inputs)
+            return compile_with_us(gm, example_inputs, run_pre_grad=pre_grad and piece is None)
 
     decision_options = (use_inductor, inductor_config, budget_s, memory_slack, pre_grad, post_grad,
                         recompute_masks)
 
-    def compile_with_us(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    def graph_options_for(gm: torch.fx.GraphModule) -> dict[str, Any]:
+        return {**options, "time_limit_s": backend_time_limit(op_count(gm))} if scaled_budget else options
+
+    def decision_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_options: dict[str, Any],
+                     context: str = "") -> tuple[str | None, StoredDecision | None]:
+        """The key of the measured choice on ``gm`` (in ``context``: "ddp" times programs cut at
+        DDP's buckets), and what an earlier process decided there."""
+        key = _decision_key(gm, example_inputs, graph_options, (*decision_options, context)) \
+            if measure and use_inductor else None
+        return key, load_decision(key)
+
+    def from_stored_decision(original: torch.fx.GraphModule, stored: StoredDecision) -> OptimizeReport:
+        report = _report_of_decision(original, stored)
+        backend.reports.append(report)
+        _log_report(report)
+        return report
+
+    def compile_with_us(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], run_pre_grad: bool) -> Callable:
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
         original = copy_module(gm)
         optimized, report = gm, None
-        graph_options = {**options, "time_limit_s": backend_time_limit(op_count(gm))} if scaled_budget else options
-        decision = _decision_key(gm, example_inputs, graph_options, decision_options) if measure and use_inductor \
-            else None
-        stored = load_decision(decision)
+        graph_options = graph_options_for(gm)
+        decision, stored = decision_for(gm, example_inputs, graph_options)
         if stored is not None and stored.kept != "optimized":  # an earlier process measured it
-            report = _report_of_decision(original, stored)
-            backend.reports.append(report)
-            _log_report(report)
-            from torch._inductor.compile_fx import compile_fx
-
-            compile_fx = _with_config(compile_fx, inductor_config)
-            return compile_fx(original, example_inputs,
-                              **({"config_patches": mask_patches()} if stored.kept == "masked" else {}))
-        if pre_grad:
+            from_stored_decision(original, stored)
+            return _inductor(inductor_config)(original, example_inputs,
+                                              **({"config_patches": mask_patches()} if stored.kept == "masked"
+                                                 else {}))
+        if run_pre_grad:
             optimized = optimize_graph(gm, example_inputs, **graph_options)
             report = optimized.meta.get("optimus_eqsat")
             if report is not None:
@@ -147,10 +159,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         if not use_inductor:
             _log_report(report)
             return optimized
-        from torch._inductor.compile_fx import compile_fx
-
         # (a compile the first call runs, after this patch is gone, gets the config too)
-        compile_fx = _with_config(compile_fx, inductor_config)
+        compile_fx = _inductor(inductor_config)
         pre_changed = report is not None and not report.fell_back and report.changed
         if not pre_changed and not post_grad and not recompute_masks:
             _log_report(report)
@@ -206,7 +216,69 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         _log_report(report)
         return compiled
 
+    def compile_optimized_piece(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        """A piece of a program our pre-grad pass rewrote, compiled as :func:`compile_with_us`
+        compiles such a program (the whole program's measured choice covers it)."""
+        compile_fx = _inductor(inductor_config)
+        patches = {**inductor_patches(True),
+                   **(post_grad_patches(graph_options_for(gm), post_reports, roles=("backward",)) if post_grad
+                      else {}),
+                   **(mask_patches() if recompute_masks else {})}
+        compiled = _compile(compile_fx, gm, example_inputs, OptimizeReport(), patches)
+        return compiled if compiled is not None else compile_fx(gm, example_inputs)
+
+    def compile_whole_ddp_graph(split: Callable[[torch.fx.GraphModule], Callable], gm: torch.fx.GraphModule,
+                                example_inputs: Sequence[Any], **_: Any) -> Callable:
+        """DDP (:mod:`.ddp_whole_graph`): optimize Dynamo's whole graph, then let DDPOptimizer cut
+        the program kept into its buckets (``split``); the measured choice times the optimized
+        program's pieces against the original's, both cut, on the first real call."""
+        if not (pre_grad and use_inductor):
+            return split(gm)
+        with _compile_scope(inductor_config, True):
+            original = copy_module(gm)
+            graph_options = graph_options_for(gm)
+            decision, stored = decision_for(gm, example_inputs, graph_options, context="ddp")
+            if stored is not None and stored.kept != "optimized":
+                from_stored_decision(original, stored)
+                with piece_mode(Piece.ORIGINAL):
+                    return split(original)
+            optimized = optimize_graph(gm, example_inputs, **graph_options)
+            report = optimized.meta.get("optimus_eqsat")
+            if report is not None:
+                backend.reports.append(report)
+            if report is None or report.fell_back or not report.changed:
+                _log_report(report)
+                with piece_mode(Piece.UNCHANGED):  # our post-grad passes, measured per piece
+                    return split(original)
+            start = time.perf_counter()
+            try:
+                with piece_mode(Piece.OPTIMIZED):  # (weight stacks next to their layers: buckets close between them)
+                    compiled = split(sink_input_work(optimized))
+            except Exception as exc:
+                if is_dynamo_signal(exc):
+                    raise
+                log.warning("optimus_eqsat: DDPOptimizer failed on the optimized graph (%s); compiling the "
+                            "original", first_line(exc))
+                report.fell_back, report.fallback_reason = True, f"DDPOptimizer: {type(exc).__name__}: {exc}"[:500]
+                with piece_mode(Piece.UNCHANGED):
+                    return split(original)
+            report.inductor_seconds = time.perf_counter() - start
+            if stored is not None:  # an earlier process measured this program faster
+                report.measured, report.from_cache = stored.measured, True
+            report.ddp_pieces = (None, piece_count(compiled))  # (the original is cut only to be timed)
+            if measure and stored is None:
+                with piece_mode(Piece.ORIGINAL):
+                    baseline = split(copy_module(original))
+                report.ddp_pieces = (piece_count(baseline), report.ddp_pieces[1])
+                compiled = _measured(_inductor(inductor_config), compiled, original, example_inputs, report,
+                                     budget_s, memory_slack=memory_slack, baseline=baseline,
+                                     on_decided=lambda result: store_decision(decision, result))
+            _log_report(report)
+            return compiled
+
     backend.reports = []  # type: ignore[attr-defined]
+    if whole_ddp_graph and install_ddp_whole_graph():
+        backend.whole_ddp_graph = compile_whole_ddp_graph  # type: ignore[attr-defined]
     backend.post_grad_reports = post_reports  # type: ignore[attr-defined]
     return backend
 
@@ -270,7 +342,7 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cac
     """Inductor on an optimized graph as the backend compiles it: in inference (grad off) behind
     the parameter cache when it has stacks of whole parameters (for benchmarks that compile
     programs they optimized themselves)."""
-    from torch._inductor.compile_fx import compile_fx
+    compile_fx = _inductor({})
 
     cache = cache_parameters and not torch.is_grad_enabled() and not freezing_enabled()
     compiled = _compile_program(compile_fx, gm, example_inputs, OptimizeReport(), None, cache)
@@ -326,8 +398,9 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
               rewritten: Callable[[bool], bool] | None = None,
               memory_slack: tuple[float, int] = MEMORY_SLACK, extra: dict[str, Deferred] | None = None,
-              on_decided: Callable[[GuardResult], None] | None = None) -> Callable:
-    """``compiled`` and the original graph compiled, of which the first call keeps the faster.
+              on_decided: Callable[[GuardResult], None] | None = None, baseline: Callable | None = None) -> Callable:
+    """``compiled`` and the original graph compiled (or ``baseline``, the original compiled by
+    the caller), of which the first call keeps the faster.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
     it), the original is compiled again only when one did: most graphs a pass leaves alone
@@ -335,7 +408,8 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
     (inside Dynamo's compile, where their shape environment lives)."""
     deferred = Deferred(lambda: compile_fx(copy_module(original), example_inputs))
     lazy = rewritten is not None and not _symbolic(example_inputs)
-    baseline = deferred if lazy else deferred()
+    if baseline is None:
+        baseline = deferred if lazy else deferred()
 
     def record(result: GuardResult | Exception) -> None:
         if isinstance(result, Exception):
@@ -409,6 +483,30 @@ class CompileTimeSafe:
                 return run_at_compile_time(self.program, args)
             self.first = False
         return self.program(*args)
+
+
+@contextlib.contextmanager
+def _compile_scope(inductor_config: dict[str, Any], eager_backwards: bool) -> Iterator[None]:
+    """The scope of one of the backend's compiles: the user's Inductor config, and with
+    ``eager_backwards`` every backward compiled with its forward. DDPOptimizer's pieces need
+    that: Dynamo hands their lazily compiled backwards one per-piece metadata record each, in
+    reverse piece order, and the measured choice compiles several programs' backwards."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
+    with contextlib.ExitStack() as patches:
+        if inductor_config:
+            patches.enter_context(config.patch(inductor_config))
+        if eager_backwards:
+            patches.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
+        yield
+
+
+def _inductor(inductor_config: dict[str, Any]) -> Callable:
+    """Inductor's ``compile_fx`` with the user's config (:func:`_with_config`)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return _with_config(compile_fx, inductor_config)
 
 
 def _memory_slack(value: Any) -> tuple[float, int]:
@@ -485,7 +583,7 @@ def backend_options(mode: str | None = None, options: dict[str, Any] | None = No
 
 # make_backend's own options (besides optimize_graph's).
 BACKEND_OPTIONS = ("inductor", "inductor_config", "measure", "measure_budget_s", "memory_slack", "pre_grad",
-                   "post_grad", "recompute_masks", "cache_parameters")
+                   "post_grad", "recompute_masks", "cache_parameters", "whole_ddp_graph")
 
 _MADE: dict[str, Callable] = {}  # backends for torch.compile's (mode, options), by their repr
 
@@ -494,12 +592,27 @@ def optimus_eqsat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
                           options: dict[str, Any] | None = None) -> Callable:
     """The default backend (entry point ``optimus_eqsat``). ``torch.compile`` passes its
     ``mode`` (when not "default") and ``options`` here: see :func:`backend_options`."""
+    return _made(mode, options)(gm, example_inputs)
+
+
+def _made(mode: str | None, options: dict[str, Any] | None) -> Callable:
+    """The backend made for ``torch.compile``'s ``mode`` and ``options`` (made once)."""
     if (mode in (None, "default")) and not options:
-        return _DEFAULT(gm, example_inputs)
+        return _DEFAULT
     key = repr((mode, sorted((options or {}).items())))
     if key not in _MADE:
         _MADE[key] = make_backend(**backend_options(mode, options))
-    return _MADE[key](gm, example_inputs)
+    return _MADE[key]
 
 
+def _whole_ddp_graph(split: Callable[[torch.fx.GraphModule], Callable], gm: torch.fx.GraphModule,
+                     example_inputs: Sequence[Any], *, mode: str | None = None,
+                     options: dict[str, Any] | None = None) -> Callable:
+    """The default backend under DDP (:mod:`.ddp_whole_graph`): that of ``mode`` and ``options``."""
+    made = _made(mode, options)
+    whole = getattr(made, "whole_ddp_graph", None)
+    return whole(split, gm, example_inputs) if whole is not None else split(gm)
+
+
+optimus_eqsat_backend.whole_ddp_graph = _whole_ddp_graph  # type: ignore[attr-defined]
 _DEFAULT = make_backend()

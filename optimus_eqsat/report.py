@@ -38,6 +38,10 @@ class OptimizeReport:
         kept_gradient_inputs: inputs (parameters) the optimized training graph no longer
             needed and reads again through an exact zero, so they still get a (zero) gradient
             (:mod:`optimus_eqsat.keep_gradients`).
+        ddp_pieces: under DDP, the pieces DDPOptimizer cut the original graph and the optimized
+            program into (their bucket boundaries), as (original, optimized), the original's None
+            when it was not cut (only the measured choice cuts and compiles it); None elsewhere
+            (:mod:`optimus_eqsat.ddp_whole_graph`).
         batched: nodes given a batched alternative, by kind (batch-linear, batch-elementwise, ...).
         opaque_nodes: nodes kept verbatim, with the reason.
     """
@@ -75,6 +79,7 @@ class OptimizeReport:
     recomputed_masks: int = 0  # bool masks the backward recomputes instead of saving (backend, CPU training)
     inductor_seconds: float | None = None  # the backend's Inductor compile of the chosen program (its forward)
     from_cache: bool = False  # read from the persistent cache (program_cache.py), not optimized again
+    ddp_pieces: tuple[int | None, int] | None = None  # DDPOptimizer's pieces of (original, optimized)
 
     @property
     def changed(self) -> bool:
@@ -142,6 +147,10 @@ class OptimizeReport:
         if self.kept_gradient_inputs:
             lines.append("kept in autograd:   " + ", ".join(self.kept_gradient_inputs)
                          + " (no longer read; an exact zero keeps their gradient)")
+        if self.ddp_pieces is not None:
+            original, optimized = self.ddp_pieces
+            lines.append(f"DDP pieces:         optimized program cut into {optimized}"
+                         + (f", the original into {original}" if original is not None else ""))
         if self.inductor_seconds is not None:
             lines.append("compile time:       " + self.compile_split())
         if self.from_cache:
