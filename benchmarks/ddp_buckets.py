@@ -19,7 +19,9 @@ Per model and method:
   (measured choice on), in lockstep interleaved rounds on both ranks (a fixed schedule, so the
   ranks' collectives pair up): per round each method takes a turn of warm-up and timed steps,
   the turn's time is the slower rank's; medians and the per-round ratio to Inductor with its
-  10th and 90th percentiles (:mod:`benchmarks.stats`).
+  10th and 90th percentiles (:mod:`benchmarks.stats`). The persistent cache is on, as users
+  run: a measured choice an earlier run stored is reused (the ``kept`` column says what each
+  compile kept; ``OPTIMUS_EQSAT_CACHE=0`` decides afresh).
 
 Models are ``zoo:NAME@SCALE`` (:mod:`benchmarks.zoo`) or ``library:NAME`` (the library-style
 models of ``tests/library_style.py``, batch norm and dropout in training).
