@@ -92,6 +92,28 @@ def test_node_values_read_meta_and_run_nothing_when_it_is_complete():
         node_values(traced, wrong)
 
 
+def test_a_run_on_fake_inputs_makes_fake_tensors_from_nothing_and_takes_real_constants():
+    """A compile's inputs are fake (DDPOptimizer's pieces come without meta): a dropout's mask
+    drawn from nothing and a real constant of the graph must meet them as fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Drawn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((4,), 2.0))
+
+        def forward(self, x):
+            mask = torch.rand(3, 4) < 0.5  # (a factory: no tensor input)
+            return x * mask * self.scale
+
+    gm = fx.symbolic_trace(Drawn())
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(3, 4))
+    values = node_values(gm, (x,))
+    assert tuple(values[_node(gm, "mul_1")].shape) == (3, 4)
+    assert torch.equal(gm.scale, torch.full((4,), 2.0))  # (the run left the module's buffer alone)
+
+
 def test_shape_meta_counts_only_when_asked():
     gm = fx.symbolic_trace(Net())
     for n in gm.graph.nodes:

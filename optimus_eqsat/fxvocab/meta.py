@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import unittest.mock
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -251,7 +252,8 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     # (and the caller's RNG state: a dropout in the graph draws from it)
     devices = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
     try:
-        with torch.no_grad(), _restoring(saved), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), _restoring(saved), torch.random.fork_rng(devices=devices), \
+                _in_fake_mode_of(example_inputs):
             recorder.run(*copied_inputs(example_inputs, RUN_COPY_BYTES))
     except Exception as exc:
         failed = recorder.current.name if recorder.current is not None else "?"
@@ -259,6 +261,20 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
                                 f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}") from exc
     warn_if_written(example_inputs, before, "the run for shapes")
     return recorder.seen
+
+
+@contextlib.contextmanager
+def _in_fake_mode_of(example_inputs: Sequence[Any]) -> Any:
+    """With fake example inputs (a compile's, e.g. the pieces DDPOptimizer cuts), their fake
+    mode: what the graph makes from nothing (a dropout's random mask, a factory's tensor) is
+    fake like them, and the graph's real constants are taken as fake (as DDPOptimizer runs
+    its pieces). Otherwise nothing."""
+    fake_mode = torch._guards.detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        yield
+        return
+    with fake_mode, unittest.mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
+        yield
 
 
 @contextlib.contextmanager
