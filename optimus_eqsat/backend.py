@@ -228,7 +228,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         return compiled if compiled is not None else compile_fx(gm, example_inputs)
 
     def compile_whole_ddp_graph(split: Callable[[torch.fx.GraphModule], Callable], gm: torch.fx.GraphModule,
-                                example_inputs: Sequence[Any], **_: Any) -> Callable:
+                                example_inputs: Sequence[Any], buckets: tuple[int, int] | None = None) -> Callable:
         """DDP (:mod:`.ddp_whole_graph`): optimize Dynamo's whole graph, then let DDPOptimizer cut
         the program kept into its buckets (``split``); the measured choice times the optimized
         program's pieces against the original's, both cut, on the first real call."""
@@ -237,7 +237,8 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         with _compile_scope(inductor_config, True):
             original = copy_module(gm)
             graph_options = graph_options_for(gm)
-            decision, stored = decision_for(gm, example_inputs, graph_options, context="ddp")
+            # (the decision compares programs cut at these buckets)
+            decision, stored = decision_for(gm, example_inputs, graph_options, context=f"ddp {buckets}")
             if stored is not None and stored.kept != "optimized":
                 from_stored_decision(original, stored)
                 with piece_mode(Piece.ORIGINAL):
@@ -267,11 +268,13 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                 report.measured, report.from_cache = stored.measured, True
             report.ddp_pieces = (None, piece_count(compiled))  # (the original is cut only to be timed)
             if measure and stored is None:
+                start = time.perf_counter()
                 with piece_mode(Piece.ORIGINAL):
                     baseline = split(copy_module(original))
+                baseline_s = time.perf_counter() - start
                 report.ddp_pieces = (piece_count(baseline), report.ddp_pieces[1])
                 compiled = _measured(_inductor(inductor_config), compiled, original, example_inputs, report,
-                                     budget_s, memory_slack=memory_slack, baseline=baseline,
+                                     budget_s, memory_slack=memory_slack, baseline=(baseline, baseline_s),
                                      on_decided=lambda result: store_decision(decision, result))
             _log_report(report)
             return compiled
@@ -398,9 +401,10 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
               example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
               rewritten: Callable[[bool], bool] | None = None,
               memory_slack: tuple[float, int] = MEMORY_SLACK, extra: dict[str, Deferred] | None = None,
-              on_decided: Callable[[GuardResult], None] | None = None, baseline: Callable | None = None) -> Callable:
-    """``compiled`` and the original graph compiled (or ``baseline``, the original compiled by
-    the caller), of which the first call keeps the faster.
+              on_decided: Callable[[GuardResult], None] | None = None,
+              baseline: tuple[Callable, float] | None = None) -> Callable:
+    """``compiled`` and the original graph compiled (or ``baseline``: the original compiled by
+    the caller, and the seconds that took), of which the first call keeps the faster.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
     it), the original is compiled again only when one did: most graphs a pass leaves alone
@@ -408,8 +412,7 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
     (inside Dynamo's compile, where their shape environment lives)."""
     deferred = Deferred(lambda: compile_fx(copy_module(original), example_inputs))
     lazy = rewritten is not None and not _symbolic(example_inputs)
-    if baseline is None:
-        baseline = deferred if lazy else deferred()
+    original_program, original_s = baseline if baseline is not None else (deferred if lazy else deferred(), None)
 
     def record(result: GuardResult | Exception) -> None:
         if isinstance(result, Exception):
@@ -418,6 +421,8 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         for name, program in {"original": deferred, **(extra or {})}.items():
             if program.compile_s:
                 result.compile_s[name] = program.compile_s
+        if original_s is not None:
+            result.compile_s["original"] = original_s
         report.measured = result
         if result.kept == "masked":
             report.fell_back, report.fallback_reason = True, f"measured: kept the original graph with its " \
@@ -428,7 +433,7 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         if on_decided is not None:
             on_decided(result)
 
-    return FirstCallChoice({"original": baseline, "optimized": compiled, **(extra or {})}, original, budget_s,
+    return FirstCallChoice({"original": original_program, "optimized": compiled, **(extra or {})}, original, budget_s,
                            record, rewritten=rewritten, memory_slack=memory_slack,
                            run_at_compile_time=run_at_compile_time)
 
@@ -606,12 +611,12 @@ def _made(mode: str | None, options: dict[str, Any] | None) -> Callable:
 
 
 def _whole_ddp_graph(split: Callable[[torch.fx.GraphModule], Callable], gm: torch.fx.GraphModule,
-                     example_inputs: Sequence[Any], *, mode: str | None = None,
-                     options: dict[str, Any] | None = None) -> Callable:
+                     example_inputs: Sequence[Any], *, buckets: tuple[int, int] | None = None,
+                     mode: str | None = None, options: dict[str, Any] | None = None) -> Callable:
     """The default backend under DDP (:mod:`.ddp_whole_graph`): that of ``mode`` and ``options``."""
     made = _made(mode, options)
     whole = getattr(made, "whole_ddp_graph", None)
-    return whole(split, gm, example_inputs) if whole is not None else split(gm)
+    return whole(split, gm, example_inputs, buckets=buckets) if whole is not None else split(gm)
 
 
 optimus_eqsat_backend.whole_ddp_graph = _whole_ddp_graph  # type: ignore[attr-defined]

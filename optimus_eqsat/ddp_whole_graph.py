@@ -118,8 +118,9 @@ def sink_input_work(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-#: ``whole(split, gm, example_inputs)`` -> compiled program; ``split(gm)`` compiles ``gm`` cut into
-#: DDP's buckets, each piece by the backend. (The default backend's also takes torch.compile's
+#: ``whole(split, gm, example_inputs, buckets=(first, cap))`` -> compiled program; ``split(gm)``
+#: compiles ``gm`` cut into DDP's buckets (bytes of the first bucket and of the others), each
+#: piece by the backend. (The default backend's also takes torch.compile's
 #: ``mode`` and ``options`` as keywords.)
 WholeGraphCompiler = Callable[[Callable[[torch.fx.GraphModule], Callable], torch.fx.GraphModule, Sequence[Any]],
                               Callable]
@@ -162,7 +163,8 @@ def install() -> bool:
         whole = _whole_graph_compiler(self.backend_compile_fn)
         if whole is None or configs:
             return cut(self, gm, example_inputs, **configs)
-        return whole(lambda graph: cut(self, graph, example_inputs), gm, example_inputs)
+        return whole(lambda graph: cut(self, graph, example_inputs), gm, example_inputs,
+                     buckets=(self.first_bucket_cap, self.bucket_bytes_cap))
 
     compile_fn._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
     DDPOptimizer.compile_fn = compile_fn

@@ -54,7 +54,7 @@ def test_our_backend_gets_the_whole_graph_through_dynamos_wrappers_with_its_mode
     wrapper.compiler_fn = ours  # as torch.compile(backend="optimus_eqsat", options=...) makes it
     gm = _graph()
     assert _ddp_optimizer(WrapBackendDebug(wrapper, "optimus_eqsat")).compile_fn(gm, [torch.randn(2)]) is gm
-    assert calls == [{"options": {"measure": False}}]
+    assert calls == [{"buckets": (2**20, 25 * 2**20), "options": {"measure": False}}]
 
 
 def test_piece_mode_is_scoped_and_pieces_are_counted():

@@ -122,6 +122,7 @@ def _run_case(case: str, rank: int, world: int) -> dict:
             "graphs": len(ours), "measured": [r.measured.summary() for r in ours if r.measured is not None],
             "from_cache": sum(r.from_cache for r in ours),
             "ddp_pieces": [r.ddp_pieces for r in ours if r.ddp_pieces is not None],
+            "compile_split": [r.compile_split() for r in ours if r.ddp_pieces is not None],
             "batched": [sum(r.batched.values()) for r in ours if not r.fell_back or r.measured is not None]}
 
 
@@ -246,6 +247,8 @@ def test_two_ranks_train_as_eager_under_the_default_backend(distributed_results:
             assert result["ddp_pieces"] and max(result["batched"]) > 0, result
             assert all(original is None or original > 1 for original, _ in result["ddp_pieces"]), result
             assert result["from_cache"] or any("measured" in m for m in result["measured"]), result
+            # the original's pieces, compiled to be timed, count in the compile time's split
+            assert result["from_cache"] or any(", original " in s for s in result["compile_split"]), result
 
 
 def test_ranks_read_the_persistent_cache_and_still_train_as_eager(distributed_results: Path):
