@@ -65,7 +65,7 @@ from .fx_graphs import copy_module
 from .fxvocab import ALIASING_OPS, canonical_name
 from .fxvocab.meta import _META_KEYS, meta_value
 from .normalize import HANDLERS, MODULE_OPS
-from .fxvocab.mutation import inplace_position, is_mutating
+from .fxvocab.mutation import inplace_position, is_mutating, renormed_table, running_stats_written
 
 _SIGNATURE = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
@@ -228,6 +228,8 @@ def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
     if not _fresh(gm, x) or not is_mutating(gm, node):
         return None
     target = node.target
+    if node.op == "call_function" and target in _AUGMENTED:  # ``y += b`` (deepctr's PredictionLayer)
+        return (lambda: setattr(node, "target", _AUGMENTED[target])) if _same_result(node) else None
     if node.op == "call_module":  # symbolic_trace keeps nn.ReLU(inplace=True) a module call
         if type(gm.get_submodule(str(target))) is not torch.nn.ReLU or len(node.args) != 1 or node.kwargs:
             return None
@@ -253,18 +255,40 @@ def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
     return None
 
 
+# Augmented assignments and the op each is when its target is private.
+_AUGMENTED = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+              operator.itruediv: operator.truediv}
+
+
+def _same_result(node: torch.fx.Node) -> bool:
+    """Whether ``a op= b`` (``node``) gives what ``a op b`` gives: the out-of-place op would
+    promote the dtype or broadcast the shape where the in-place one keeps ``a``'s (known
+    from meta; unknown: no)."""
+    a, b = meta_value(node.args[0]), node.args[1]
+    b = meta_value(b) if isinstance(b, torch.fx.Node) else b
+    if not isinstance(a, torch.Tensor) or not isinstance(b, (torch.Tensor, int, float, bool)):
+        return False
+    if isinstance(b, torch.Tensor) and torch.broadcast_shapes(a.shape, b.shape) != a.shape:
+        return False
+    return torch.result_type(a, b) == a.dtype
+
+
 # Conversions return their input itself when there is nothing to convert.
 _MAY_RETURN_INPUT = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "int", "long", "bool"})
 
 
 def _fresh(gm: torch.fx.GraphModule, x: torch.fx.Node) -> bool:
     """Whether ``x`` is a tensor of its own memory: made by a known op that is no view, no
-    conversion that may return its input, and no in-place write."""
+    conversion that may return its input, and no in-place write into its input. A training
+    batch norm (which updates its running statistics) and an embedding with ``max_norm``
+    (which renormalizes its table) write side memory, not their result: theirs is fresh."""
     if x.op == "call_module":
         name = MODULE_OPS.get(type(gm.get_submodule(str(x.target))), (None,))[0]
     else:
         name = canonical_name(x)
-    return name is not None and name not in ALIASING_OPS | _MAY_RETURN_INPUT and not is_mutating(gm, x)
+    writes_side_memory_only = bool(running_stats_written(x)) or renormed_table(gm, x) is not None
+    return name is not None and name not in ALIASING_OPS | _MAY_RETURN_INPUT \
+        and (writes_side_memory_only or not is_mutating(gm, x))
 
 
 def _decompose_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]) -> None:

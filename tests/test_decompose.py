@@ -80,6 +80,12 @@ def test_experts_train_with_their_gradients():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6 * scale)
     for p, q in zip(model.buffers(), ours.buffers()):  # running statistics updated alike
         torch.testing.assert_close(q, p)
+    # A training norm writes its statistics, not its result: the ReLU writing into that result
+    # is private, so nothing but the statistics' updates stays opaque, and the experts batch.
+    [report] = backend.reports
+    assert all(why == "reads or writes mutated memory" and name.startswith("_foreach")
+               for name, why in report.opaque_nodes.items()), report.opaque_nodes
+    assert report.batched.get("batch-linear", 0) >= 8 and report.launches_after < report.launches_before
 
 
 def _targets(gm: torch.fx.GraphModule) -> list:
@@ -126,6 +132,27 @@ def test_private_in_place_spellings_become_out_of_place():
     assert all(not n.kwargs.get("inplace") for n in rewritten.graph.nodes)
     torch.testing.assert_close(rewritten(x)[0], f(x.clone()))
     assert _targets(before_translation(gm)) == _targets(rewritten)
+
+
+def test_augmented_assignment_into_a_private_tensor_becomes_out_of_place():
+    """``y += b`` on a fresh tensor nothing else reads is ``y + b`` (deepctr's PredictionLayer
+    adds its bias so); where ``+`` would promote the dtype, the in-place op stays."""
+    import operator
+
+    def f(x, b, h):
+        y = torch.mm(x, x.t())
+        y += b
+        z = (x * 2.0).half()
+        z += h  # z + h would be float32: z += h stays half
+        return torch.sigmoid(y), z
+
+    x, b, h = torch.randn(4, 5), torch.randn(4), torch.randn(4, 5)
+    gm, _ = capture_dynamo_graph(f, (x, b, h))
+    rewritten = before_translation(gm)
+    assert _targets(rewritten).count(operator.iadd) == 1 and operator.add in _targets(rewritten)
+    for got, want in zip(rewritten(x, b, h), f(x, b, h)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
 
 
 def test_in_place_methods_without_a_known_out_of_place_twin_stay():
