@@ -25,6 +25,7 @@ __all__ = [
     "ExtractionGraph",
     "Extraction",
     "ExtractionError",
+    "CycleError",
     "dag_cost",
     "reachable_choice",
     "CompactGraph",
@@ -34,6 +35,14 @@ __all__ = [
 
 class ExtractionError(ValueError):
     """No finite acyclic program exists, or a choice is not a valid program."""
+
+
+class CycleError(ExtractionError):
+    """A choice whose program reads itself; ``cycle`` holds the classes around the loop."""
+
+    def __init__(self, message: str, cycle: list[int]):
+        super().__init__(message)
+        self.cycle = cycle
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,8 @@ def _walk(graph: ExtractionGraph, choice: dict[int, int]) -> list[int]:
                 ch = children[i]
                 s = state.get(ch)
                 if s == 1:
-                    raise ExtractionError(f"choice has a cycle through e-class {ch}")
+                    around = [c for c, _ in stack]
+                    raise CycleError(f"choice has a cycle through e-class {ch}", around[around.index(ch):])
                 if s is None:
                     state[ch] = 1
                     stack.append((ch, 0))

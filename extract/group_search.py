@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .egraph import Extraction, ExtractionError, ExtractionGraph, reachable_choice
+from .egraph import CycleError, Extraction, ExtractionError, ExtractionGraph, reachable_choice
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def improve_with_groups(graph: ExtractionGraph, extraction: Extraction, moves: l
     """
     choice, cost, taken = dict(extraction.choice), extraction.cost, []
     pending = list(moves)
-    fallback: dict[int, int] | None = None  # tree-cost choices, computed once a move needs them
+    fallback: tuple[list[float], dict[int, int]] | None = None  # tree costs and choices, once a move needs them
     for _ in range(MAX_ROUNDS):
         left = []
         for move in pending:
@@ -144,7 +144,7 @@ def improve_with_groups(graph: ExtractionGraph, extraction: Extraction, moves: l
                 left.append(move)
                 continue
             if fallback is None:
-                fallback = tree_choice(graph)[1]
+                fallback = tree_choice(graph)
             trial = _try(graph, fallback, choice, move)
             if trial is not None and trial[1] < cost * (1 - 1e-9):
                 choice, cost = trial
@@ -169,17 +169,57 @@ def _changes(move: GroupMove, choice: dict[int, int]) -> bool:
     return any(choice.get(c, k) != k for c, k in move.members.items())
 
 
-def _try(graph: ExtractionGraph, fallback: dict[int, int], choice: dict[int, int],
+MAX_REPAIRS = 16  # cycles a trial may break by re-picking a class on them
+
+
+def _try(graph: ExtractionGraph, fallback: tuple[list[float], dict[int, int]], choice: dict[int, int],
          move: GroupMove) -> tuple[dict[int, int], float] | None:
     """The program with the move applied (its reachable choice and DAG cost), or None
-    when it closes a cycle even over the tree-cost fallbacks alone."""
-    for base in ({**fallback, **choice}, fallback):
+    when it closes a cycle even over the tree-cost fallbacks alone.
+
+    A move often closes a cycle through a current choice: the batched term's class also
+    holds the stack of the members, which a batched consumer chose while the members were
+    still computed alone. Each such cycle is broken by re-picking one class on it that the
+    move does not pin: the one whose cheapest other node (by tree cost) adds the least.
+    """
+    tree_cost, picks = fallback
+    base = {**picks, **choice, **move.members}
+    banned: set[tuple[int, int]] = set()
+    for _ in range(MAX_REPAIRS):
         try:
-            reached = reachable_choice(graph, {**base, **move.members})
-        except ExtractionError:  # closes a cycle through current choices: try fallbacks only
+            reached = reachable_choice(graph, base)
+            return reached, _cost_of(graph, reached)
+        except CycleError as exc:
+            repick = _cheapest_repick(graph, tree_cost, base, exc.cycle, move.members, banned)
+        except ExtractionError:
+            break
+        if repick is None:
+            break
+        banned.add((repick[0], base[repick[0]]))
+        base[repick[0]] = repick[1]
+    try:  # over the tree-cost fallbacks alone
+        reached = reachable_choice(graph, {**picks, **move.members})
+    except ExtractionError:
+        return None
+    return reached, _cost_of(graph, reached)
+
+
+def _cheapest_repick(graph: ExtractionGraph, tree_cost: list[float], base: dict[int, int], cycle: list[int],
+                     pinned: dict[int, int], banned: set[tuple[int, int]]) -> tuple[int, int] | None:
+    """(class, node) on ``cycle``, not pinned, whose other node costs the least more by tree
+    cost than the chosen one; None when no class on the cycle has another finite node."""
+    best: tuple[float, int, int] | None = None
+    for c in cycle:
+        if c in pinned:
             continue
-        return reached, _cost_of(graph, reached)
-    return None
+        nodes = graph.classes[c]
+        for k, node in enumerate(nodes):
+            if k == base[c] or (c, k) in banned or node.cost == math.inf or c in node.children:
+                continue
+            price = node.cost + math.fsum(tree_cost[ch] for ch in set(node.children))
+            if price < math.inf and (best is None or price - tree_cost[c] < best[0]):
+                best = (price - tree_cost[c], c, k)
+    return None if best is None else (best[1], best[2])
 
 
 def _cost_of(graph: ExtractionGraph, reached: dict[int, int]) -> float:

@@ -38,6 +38,28 @@ def test_group_move_that_does_not_pay_is_declined():
     assert taken == [] and improved is start
 
 
+def test_group_move_breaks_a_cycle_through_the_stack_of_its_members():
+    """The batched term's class also holds the stack of the members, which a consumer chose
+    while the members ran alone: switching the members closes a cycle through it. The move
+    re-picks that class; it does not revert the whole program to tree-cost choices (which
+    would lose the shared class ten outputs reuse, and the move with it)."""
+    x, b, shared, consumer = 0, 1, 2, 5
+    members, reusers = [3, 4], list(range(6, 16))
+    classes = [[ENode("x", (), 0.0)],
+               [ENode("batched", (x,), 1.0), ENode("stack", tuple(members), 0.5)],
+               [ENode("shared", (x,), 3.0)]]
+    classes += [[ENode(f"own{i}", (x,), 1.0), ENode(f"slice{i}", (b,), 0.0)] for i in range(2)]
+    classes += [[ENode("consume", (b,), 1.0)]]
+    classes += [[ENode(f"alone{i}", (x,), 1.0), ENode(f"reuse{i}", (shared,), 0.1)] for i in range(10)]
+    graph = ExtractionGraph(classes, roots=[*members, consumer, *reusers])
+    choice = {x: 0, b: 1, shared: 0, 3: 0, 4: 0, consumer: 0, **{c: 1 for c in reusers}}
+    start = Extraction(choice, dag_cost(graph, choice), "test")
+    assert start.cost == pytest.approx(7.5)
+    improved, taken = improve_with_groups(graph, start, [GroupMove("members", {3: 1, 4: 1})])
+    assert taken == ["members"] and improved.choice[b] == 0 and improved.choice[shared] == 0
+    assert improved.cost == pytest.approx(6.0) == dag_cost(graph, improved.choice)
+
+
 def test_tree_choice_is_acyclic_fallback():
     # class 0 = {leaf | slice(cat(0, 1))}: the fallback never picks the cycle
     graph = ExtractionGraph([[ENode("leaf", (), 1.0), ENode("slice", (2,), 0.0)],
