@@ -81,11 +81,11 @@ def optimize_graph(
             wants_meta = run._wants_meta
     except PinnedSize as exc:  # declined, not failed: the graph is returned as it is
         log.info("optimus_eqsat: graph declined: %s", exc)
-        report.fell_back, report.fallback_reason = True, f"declined: {exc}"
+        report.fall_back(f"declined: {exc}")
         result = copy_module(gm)
     except TimeLimitReached as exc:  # the budget ran out before there was a program: the original
         log.info("optimus_eqsat: %s", exc)
-        report.fell_back, report.fallback_reason = True, f"{exc}; kept the original"
+        report.fall_back(f"{exc}; kept the original")
         report.stop_reason = StopReason.TIME_LIMIT.value
         result = copy_module(gm)
     except Exception as exc:
@@ -94,7 +94,7 @@ def optimize_graph(
         if opts.raise_on_error:
             raise OptimizationError(f"optimus_eqsat failed: {exc}") from exc
         log.warning("optimus_eqsat: returning the original graph: %s: %s", type(exc).__name__, exc)
-        report.fell_back, report.fallback_reason = True, f"{type(exc).__name__}: {exc}"
+        report.fall_back(f"{type(exc).__name__}: {exc}")
         result = copy_module(gm)
     report.nodes_after = op_count(result)
     result.meta["optimus_eqsat"] = report
@@ -274,7 +274,7 @@ class OptimizationRun:
                     propagate_meta(result, self.example_inputs)
         reason = self._not_worth_it() if opts.never_worse else None
         if reason:
-            report.fell_back, report.fallback_reason = True, f"{reason}; kept the original"
+            report.fall_back(f"{reason}; kept the original")
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)

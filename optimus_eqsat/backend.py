@@ -260,7 +260,7 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                     raise
                 log.warning("optimus_eqsat: DDPOptimizer failed on the optimized graph (%s); compiling the "
                             "original", first_line(exc))
-                report.fell_back, report.fallback_reason = True, f"DDPOptimizer: {type(exc).__name__}: {exc}"[:500]
+                report.fall_back(f"DDPOptimizer: {type(exc).__name__}: {exc}"[:500])
                 with piece_mode(Piece.UNCHANGED):
                     return split(original)
             report.inductor_seconds = time.perf_counter() - start
@@ -337,7 +337,7 @@ def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Seq
         # compile for it: compile the graph Dynamo gave us instead.
         log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
                     first_line(exc))
-        report.fell_back, report.fallback_reason = True, f"Inductor: {type(exc).__name__}: {exc}"[:500]
+        report.fall_back(f"Inductor: {type(exc).__name__}: {exc}"[:500])
         return None
 
 
@@ -416,7 +416,7 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
 
     def record(result: GuardResult | Exception) -> None:
         if isinstance(result, Exception):
-            report.fell_back, report.fallback_reason = True, f"measurement failed: {first_line(result, 400)}"
+            report.fall_back(f"measurement failed: {first_line(result, 400)}")
             return
         for name, program in {"original": deferred, **(extra or {})}.items():
             if program.compile_s:
@@ -425,10 +425,9 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
             result.compile_s["original"] = original_s
         report.measured = result
         if result.kept == "masked":
-            report.fell_back, report.fallback_reason = True, f"measured: kept the original graph with its " \
-                                                             f"masks recomputed: {result.summary()}"
+            report.fall_back(f"measured: kept the original graph with its masks recomputed: {result.summary()}")
         elif result.kept != "optimized":
-            report.fell_back, report.fallback_reason = True, f"measured not faster: {result.summary()}"
+            report.fall_back(f"measured not faster: {result.summary()}")
         log.info("optimus_eqsat: %s", result.summary())
         if on_decided is not None:
             on_decided(result)
@@ -455,8 +454,7 @@ def _report_of_decision(original: torch.fx.GraphModule, stored: StoredDecision) 
     original graph (or it with its masks recomputed) was kept."""
     report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original),
                             measured=stored.measured, from_cache=True)
-    report.fell_back = True
-    report.fallback_reason = f"measured not faster (an earlier run's decision, cached): {stored.measured.summary()}"
+    report.fall_back(f"measured not faster (an earlier run's decision, cached): {stored.measured.summary()}")
     return report
 
 

@@ -81,6 +81,10 @@ class OptimizeReport:
     from_cache: bool = False  # read from the persistent cache (program_cache.py), not optimized again
     ddp_pieces: tuple[int | None, int] | None = None  # DDPOptimizer's pieces of (original, optimized)
 
+    def fall_back(self, reason: str) -> None:
+        """Record that the original graph is kept, and why."""
+        self.fell_back, self.fallback_reason = True, reason
+
     @property
     def changed(self) -> bool:
         """Whether the result is predicted to run differently from the original (a program

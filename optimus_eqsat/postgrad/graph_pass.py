@@ -93,9 +93,8 @@ def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = Tr
         # Inductor's scheduler fuses an aten graph on its own: a program predicted to launch as
         # many kernels only reshuffles it, at the risk of a fusion the model does not see (seen:
         # batched bias sums of mmoe's pre-grad-batched backward, two more CPU kernels).
-        report.fell_back = True
-        report.fallback_reason = (f"post-grad: no fewer launches predicted ({report.launches_before} -> "
-                                  f"{report.launches_after}); kept the graph")
+        report.fall_back(f"post-grad: no fewer launches predicted ({report.launches_before} -> "
+                         f"{report.launches_after}); kept the graph")
         return report
     lowered = lower_to_aten(optimized, inputs)
     splice(graph, lowered)
