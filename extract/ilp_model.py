@@ -55,7 +55,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 if TYPE_CHECKING:
@@ -165,6 +164,8 @@ def _arcs(cg: CompactGraph, members: list[int], below: dict[int, int | None]) ->
 
 def _cyclic_sets(nodes: list[int], edges: list[tuple[int, int]]) -> list[set[int]]:
     """The strongly connected sets of more than one class of the graph (``nodes`` in this order)."""
+    import networkx as nx  # (here: a compile the persistent cache answers never extracts)
+
     graph = nx.DiGraph()
     graph.add_nodes_from(nodes)
     graph.add_edges_from(edges)

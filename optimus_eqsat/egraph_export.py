@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable
-
-import egglog.bindings as eb
+from typing import TYPE_CHECKING, Any, Callable
 
 from .extract.egraph import ENode, ExtractionGraph
 from .term import CTORS, EMITTED_CTORS, VIEW_CTORS, Role
+
+if TYPE_CHECKING:
+    import egglog.bindings as eb
 
 VALUE_SORTS = ("Tensor", "TList")
 # The constructors the rebuilder can write as FX (term.py). Anything else (Id/LId

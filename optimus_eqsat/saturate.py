@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable, Sequence
 
-import egglog.bindings as eb
-
 from .rewrites import RuleFileError, RuleSet, shape_rules
 from .rewrites.backoff import BackoffScheduler, SplitFamily, split_family
 from .rewrites.schedule import Backoff, compose
@@ -105,16 +103,24 @@ class SaturationReport:
         return Counter(ban.rule for ban in self.backoff_bans)
 
 
+def _bindings():
+    """egglog's bindings, imported on the first e-graph: a compile the persistent cache answers
+    never builds one, and the import costs about 0.15 s."""
+    import egglog.bindings
+
+    return egglog.bindings
+
+
 @functools.lru_cache(maxsize=64)
 def _parsed(program: str) -> tuple:
     """Parsed commands of a static program (language, rule sets), reused across e-graphs."""
-    return tuple(eb.EGraph().parse_program(program))
+    return tuple(_bindings().EGraph().parse_program(program))
 
 
 @functools.lru_cache(maxsize=1024)
 def _run_command(ruleset: str, rounds: int) -> tuple:
     """Parsed ``(run ruleset rounds)`` (a cache of its own: slices must not evict the language)."""
-    return tuple(eb.EGraph().parse_program(f"(run {ruleset} {rounds})"))
+    return tuple(_bindings().EGraph().parse_program(f"(run {ruleset} {rounds})"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,7 +134,7 @@ def check_ruleset(ruleset: RuleSet, builtin: Iterable[RuleSet] = ()) -> None:
     """Load ``ruleset`` into a scratch e-graph beside the language and ``builtin`` families;
     raise ``RuleFileError`` with its description (the file) and egglog's message when
     egglog refuses it (syntax, unknown constructor, a ruleset name already taken)."""
-    scratch = eb.EGraph()
+    scratch = _bindings().EGraph()
     for program in [LANGUAGE, shape_rules().program, *(r.program for r in builtin)]:
         scratch.run_program(*_parsed(program))
     try:
@@ -141,7 +147,7 @@ class EGraphSession:
     """An egglog e-graph holding one program's facts, and the rule sets loaded into it."""
 
     def __init__(self, rulesets: Iterable[RuleSet]):
-        self.egraph = eb.EGraph()
+        self.egraph = _bindings().EGraph()
         self.fx_nodes = 0
         self.rulesets = list(rulesets)
         self.backoff: BackoffScheduler | None = None  # made by the first saturate

@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 import torch
 import torch.fx
 
@@ -174,6 +173,8 @@ def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> Writ
         if n in mutating and n.op != "call_module" and canonical_name(n) is not None:
             return written_inputs(gm, n)
         return n.all_input_nodes
+
+    import networkx as nx  # (here: a compile the persistent cache answers never translates)
 
     tainted: set[torch.fx.Node] = set()
     memory = nx.Graph()  # tainted values, joined where one may alias the other

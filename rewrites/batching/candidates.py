@@ -13,7 +13,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Hashable, Mapping
 
-import networkx as nx
 
 from ...term import Binary, Id, Op1, Op2, Op3, Scalar, Term, Unary
 from ...translate import Translation
@@ -107,6 +106,8 @@ def build_order(groups: list[list[Candidate]]) -> list[int]:
     Groups can read each other both ways (then the order inside that strongly
     connected set is by last member); ties go to the group whose last member comes first.
     """
+    import networkx as nx  # (here: a compile the persistent cache answers never batches)
+
     owners: dict[int, list[int]] = defaultdict(list)
     for g, group in enumerate(groups):
         for c in group:
