@@ -5,7 +5,9 @@ shared batched term at once; one member alone pays the whole batched cost.
 Greedy extractors judge members one at a time and so miss it, and the ILP may
 stop early on large e-graphs. This pass tries each group as one move: switch
 every member, choose the cheapest acyclic way to compute what newly becomes
-needed (tree-cost choices), and keep the move when the DAG cost drops.
+needed (tree-cost choices), break any cycle the switch closes through the
+current choices by re-picking a class on it, and keep the move when the DAG
+cost drops.
 The moves themselves come from the exported e-graph (:func:`batch_group_moves`).
 """
 
