@@ -85,7 +85,9 @@ def run_case(flavour: str, seed: int) -> dict[str, Any]:
     row["seconds"] = time.perf_counter() - start
     row["fx_nodes_after"] = len(result.graph.nodes)
     row["launches"] = [report.launches_before, report.launches_after]
-    row["predicted_slower"] = report.cost_after > report.cost_before * (1 + 1e-9)
+    # (no prediction where the optimizer declined the graph before pricing it: a dynamic size pinned)
+    row["predicted_slower"] = None not in (report.cost_before, report.cost_after) \
+        and report.cost_after > report.cost_before * (1 + 1e-9)
     if report.fell_back:
         row |= {"outcome": "fallback", "reason": (report.fallback_reason or "")[:200]}
     else:
