@@ -24,7 +24,7 @@ from .fx_graphs import copy_module, has_fake_meta, op_count, predict
 from .fxvocab.symbolic import PinnedSize
 from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from .keep_gradients import keep_gradient_inputs
-from .own_outputs import own_sliced_outputs
+from .own_outputs import contiguous_outputs, own_sliced_outputs
 from .objective import Objective
 from .options import OptimizeOptions
 from .program_cache import load_program, program_key, store_program
@@ -278,10 +278,12 @@ class OptimizationRun:
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)
+        rewritten = contiguous_outputs(gm, result)  # (before the copies below, which are contiguous)
         if self.objective.mode == "training":
             kept = keep_gradient_inputs(gm, result)
-            owned = own_sliced_outputs(gm, result)
-            if (kept or owned) and self._wants_meta:
-                propagate_meta(result, self.example_inputs)
+            rewritten += own_sliced_outputs(gm, result)
             report.kept_gradient_inputs = kept
+            rewritten += kept
+        if rewritten and self._wants_meta:
+            propagate_meta(result, self.example_inputs)
         return result

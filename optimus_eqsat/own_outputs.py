@@ -22,9 +22,10 @@ import torch
 import torch.fx as fx
 
 from .fxvocab import ALIASING_OPS, canonical_name
+from .fxvocab.meta import meta_value
 from .keep_gradients import graph_outputs
 
-__all__ = ["own_sliced_outputs"]
+__all__ = ["contiguous_outputs", "own_sliced_outputs"]
 
 #: Ops whose result is a slice of their first argument.
 SLICING_OPS = frozenset({"narrow", "slice", "select"})
@@ -55,6 +56,39 @@ def own_sliced_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
                         for a in output.args)
     optimized.recompile()
     return sorted(node.name for node in chosen)
+
+
+def contiguous_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+    """Make contiguous each output of ``optimized`` that the original returned contiguous and
+    the optimized program does not (a column of a batched result, say): its values are equal,
+    but a caller's ``view``, or ``randn_like`` drawing an upstream gradient, reads the layout.
+    Needs static shape meta on both graphs (without it nothing is known and nothing changes).
+    Returns the names of the outputs made contiguous."""
+    before, after = graph_outputs(original), graph_outputs(optimized)
+    if len(before) != len(after):
+        return []
+    chosen = [new for old, new in zip(before, after)
+              if new is not None and old is not None and _contiguous(old) is True and _contiguous(new) is False]
+    if not chosen:
+        return []
+    graph = optimized.graph
+    output = graph.output_node()
+    copies: dict[fx.Node, fx.Node] = {}
+    for node in dict.fromkeys(chosen):
+        with graph.inserting_before(output):
+            copies[node] = graph.call_method("contiguous", (node,))
+    output.args = tuple(fx.node.map_aggregate(a, lambda v: copies.get(v, v) if isinstance(v, fx.Node) else v)
+                        for a in output.args)
+    optimized.recompile()
+    return sorted(node.name for node in copies)
+
+
+def _contiguous(node: fx.Node) -> bool | None:
+    """Whether meta says ``node`` is a contiguous tensor of static shape; None when unknown."""
+    value = meta_value(node)
+    if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
+        return None
+    return value.is_contiguous()
 
 
 def _is_view(node: fx.Node | None) -> bool:

@@ -61,3 +61,21 @@ def test_training_graph_of_batched_towers_returns_copies_with_eager_gradients():
     sum(o.sum() for o in (ref if isinstance(ref, (tuple, list)) else [ref])).backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_an_output_the_original_returned_contiguous_stays_contiguous():
+    """A column of a batched result has the right values in another layout: the optimized
+    program hands it back contiguous, as the original did (a caller's ``view`` or
+    ``randn_like`` reads the layout); where meta is missing nothing changes."""
+    from optimus_eqsat.inductor_count import capture_dynamo_graph
+    from optimus_eqsat.own_outputs import contiguous_outputs
+
+    x = torch.randn(4, 3)
+    original, _ = capture_dynamo_graph(lambda t: (t * 2.0, t.t()), (x,))
+    optimized, _ = capture_dynamo_graph(lambda t: (torch.stack([t * 2.0, t], -1)[..., 0], t.t()), (x,))
+    assert not optimized(x)[0].is_contiguous()
+    assert len(contiguous_outputs(original, optimized)) == 1
+    out = optimized(x)
+    assert out[0].is_contiguous() and not out[1].is_contiguous()  # (the original's view stays one)
+    torch.testing.assert_close(out[0], x * 2.0)
+    assert contiguous_outputs(_trace(lambda t: t * 2.0), _trace(lambda t: torch.stack([t * 2.0, t], -1)[..., 0])) == []
