@@ -17,6 +17,7 @@ Views of inputs are left alone (they alias memory the caller owns, not ours).
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -43,19 +44,7 @@ def own_sliced_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
         return []
     chosen = {new for old, new in zip(before, after)
               if new is not None and _slices_an_intermediate(new) and not _is_view(old)}
-    if not chosen:
-        return []
-    graph = optimized.graph
-    output = graph.output_node()
-    copies: dict[fx.Node, fx.Node] = {}
-    for node in chosen:
-        with graph.inserting_before(output):
-            copies[node] = graph.call_function(torch.clone, (node,))
-        copies[node].meta = dict(node.meta)
-    output.args = tuple(fx.node.map_aggregate(a, lambda v: copies.get(v, v) if isinstance(v, fx.Node) else v)
-                        for a in output.args)
-    optimized.recompile()
-    return sorted(node.name for node in chosen)
+    return _replace_outputs(optimized, chosen, _clone)
 
 
 def contiguous_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
@@ -69,18 +58,33 @@ def contiguous_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
         return []
     chosen = [new for old, new in zip(before, after)
               if new is not None and old is not None and _contiguous(old) is True and _contiguous(new) is False]
+    return _replace_outputs(optimized, chosen, lambda graph, node: graph.call_method("contiguous", (node,)))
+
+
+def _clone(graph: fx.Graph, node: fx.Node) -> fx.Node:
+    """``torch.clone(node)``, with ``node``'s meta (a clone keeps its layout)."""
+    copy = graph.call_function(torch.clone, (node,))
+    copy.meta = dict(node.meta)
+    return copy
+
+
+def _replace_outputs(optimized: fx.GraphModule, chosen: Iterable[fx.Node],
+                     make: Callable[[fx.Graph, fx.Node], fx.Node]) -> list[str]:
+    """Return ``make(graph, node)`` in place of each ``chosen`` output of ``optimized``; the
+    names of the nodes replaced."""
+    chosen = list(dict.fromkeys(chosen))
     if not chosen:
         return []
     graph = optimized.graph
     output = graph.output_node()
     copies: dict[fx.Node, fx.Node] = {}
-    for node in dict.fromkeys(chosen):
+    for node in chosen:
         with graph.inserting_before(output):
-            copies[node] = graph.call_method("contiguous", (node,))
+            copies[node] = make(graph, node)
     output.args = tuple(fx.node.map_aggregate(a, lambda v: copies.get(v, v) if isinstance(v, fx.Node) else v)
                         for a in output.args)
     optimized.recompile()
-    return sorted(node.name for node in copies)
+    return sorted(node.name for node in chosen)
 
 
 def _contiguous(node: fx.Node) -> bool | None:
