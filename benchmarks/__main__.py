@@ -19,11 +19,11 @@ import itertools
 import sys
 from pathlib import Path
 
-from .harness import ALL_THREADS, BenchConfig, run
-from .methods import METHOD_NAMES, EqsatOptions, default_methods
-from .report import summary_table, to_frame, write_all
-from .rounds import ORDERS, RoundPlan
-from .zoo import ALL_MODELS, BIG_MODELS, MODELS
+from benchmarks.harness import ALL_THREADS, BenchConfig, run
+from benchmarks.methods import METHOD_NAMES, EqsatOptions, default_methods
+from benchmarks.report import summary_table, to_frame, write_all
+from benchmarks.rounds import ORDERS, RoundPlan
+from benchmarks.zoo import ALL_MODELS, BIG_MODELS, MODELS
 
 
 def _csv(text: str) -> list[str]:

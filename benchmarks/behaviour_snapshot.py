@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
+from benchmarks.zoo import MODELS
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.inductor_count import capture_dynamo_graph
-
-from .zoo import MODELS
 
 _FIELDS = ("launches_before", "launches_after", "cost_before", "cost_after", "batched", "dropped_batches",
            "rules_fired", "fell_back", "nodes_after", "extractor", "optimal")

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         command = f"python -m benchmarks.bench_pipeline --generator {args.generator} --sizes {args.sizes} --extractor {args.extractor}"
         if args.time_limit is not None:
             command += f" --time-limit {args.time_limit:g}"
-        head = [f"# Optimizer time on adversarial graphs", "", f"Command: `{command}`", "",
+        head = ["# Optimizer time on adversarial graphs", "", f"Command: `{command}`", "",
                 f"Load average when it ended: {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} "
                 "cores (total s is wall clock, CPU s this process's CPU time: on a loaded machine the wall "
                 "clock grows, the CPU time does not).", ""]

@@ -10,7 +10,7 @@ compiled by Inductor alone and its generated kernel timed by the profiler
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

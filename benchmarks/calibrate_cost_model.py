@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn

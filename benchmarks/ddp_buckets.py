@@ -36,9 +36,10 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -196,7 +197,7 @@ def table(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in results.values():
         def launches(method: str) -> str:
-            c = row[f"count_{method}"]
+            c = row[f"count_{method}"]  # noqa: B023 (called within this iteration)
             return f"{c['launches']} ({c['graphs']} graphs)"
 
         kept = row.get("kept", {})

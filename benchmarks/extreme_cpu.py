@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
+from benchmarks import instrument, measure, stats
+from benchmarks.rounds import RoundPlan, run_rounds
 from optimus_eqsat.fx_graphs import copy_module
-
-from . import instrument, measure, stats
-from .rounds import RoundPlan, run_rounds
 
 BASELINE = "default"
 

@@ -104,7 +104,7 @@ class RaggedFloor(nn.Module):
                            for c, width in enumerate(WIDTHS)])  # (N, PROJ, 16)
             y = torch.bmm(x, w.transpose(1, 2)) + self._stack("widths", "proj.bias").unsqueeze(1)
             return list(torch.split(y, self.counts, 0))  # (N, B, PROJ) width by width
-        t = self.triples  # block-diagonal: whole triples, the tail's missing features zero
+        # block-diagonal: whole triples, the tail's missing features zero
         x = torch.cat(normed, 2).permute(1, 0, 2)  # (t, B, 28)
         blocks = [F.pad(self._stack(c, "proj.weight").transpose(1, 2), (c * PROJ, (CLASSES - 1 - c) * PROJ))
                   for c in range(CLASSES)]  # (t, w, 3 * PROJ): the width's block of columns

@@ -38,6 +38,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import torch  # noqa: E402
+
+from optimus_eqsat import optimize_graph  # noqa: E402
+from optimus_eqsat.run_support import single_thread  # noqa: E402
 from tests.test_fuzz import (  # noqa: E402  (the fuzzer's own harness)
     FLAVOURS,
     _fuzz_options,
@@ -46,10 +50,6 @@ from tests.test_fuzz import (  # noqa: E402  (the fuzzer's own harness)
     check_optimizer,
     make_case,
 )
-import torch  # noqa: E402
-
-from optimus_eqsat import optimize_graph  # noqa: E402
-from optimus_eqsat.run_support import single_thread  # noqa: E402
 
 OUTCOMES = ("changed", "unchanged", "fallback", "mismatch", "crash", "generator_error")
 

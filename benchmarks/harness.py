@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from . import instrument, measure, stats
-from .columns import kinds_text
-from .methods import BASELINE, EqsatOptions, Method, default_methods, make_methods
-from .rounds import RoundPlan, RoundsResult, run_rounds
-from .zoo import ALL_MODELS, ModelSpec
+from benchmarks import instrument, measure, stats
+from benchmarks.columns import kinds_text
+from benchmarks.methods import BASELINE, EqsatOptions, Method, default_methods, make_methods
+from benchmarks.rounds import RoundPlan, RoundsResult, run_rounds
+from benchmarks.zoo import ALL_MODELS, ModelSpec
 
 NAN = math.nan
 # torch's own intra-op thread count at import, before any case changes it: "all" threads.

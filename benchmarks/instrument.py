@@ -13,10 +13,10 @@ import re
 import sys
 import time
 from collections import Counter
-from unittest import mock
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import torch
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from .measure import flat_outputs, make_step, timed_step
-from .rounds import RoundPlan, run_rounds
+from benchmarks.measure import flat_outputs, make_step, timed_step
+from benchmarks.rounds import RoundPlan, run_rounds
 
 Case = tuple[torch.nn.Module, tuple[Any, ...]]  # a model and its positional inputs
 

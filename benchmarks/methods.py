@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .instrument import CompileRecord
+from benchmarks.instrument import CompileRecord
 
 # Inductor's Optimus passes that run on CPU in torch 2.13 (all names of
 # group_batch_fusion.py and split_cat.py except fbgemm-only group_linear and the

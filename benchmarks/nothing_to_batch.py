@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.out:
         command = " ".join(["python -m benchmarks.nothing_to_batch", *(argv if argv is not None else sys.argv[1:])])
-        head = [f"# Models with nothing to batch: cold compile and step time in training", "",
+        head = ["# Models with nothing to batch: cold compile and step time in training", "",
                 f"Command: `{command}`", "",
                 f"Batch {args.batch}, one thread, CPU ({os.cpu_count()} cores, shared); each run its own process with an "
                 "empty Inductor cache; ratios paired per round (median and 10th / 90th percentiles).", ""]

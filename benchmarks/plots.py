@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .columns import parse_kinds, series_label
-from .methods import BASELINE
+from benchmarks.columns import parse_kinds, series_label
+from benchmarks.methods import BASELINE
 
 
 def write_plots(df: pd.DataFrame, out: Path) -> list[Path]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from .columns import CASE, COLUMNS, parse_kinds, series_label, variant  # noqa: F401  (parse_kinds: re-exported)
-from .methods import BASELINE
-from .plots import write_plots
+from benchmarks.columns import CASE, COLUMNS, parse_kinds, series_label, variant  # noqa: F401  (parse_kinds: re-exported)
+from benchmarks.methods import BASELINE
+from benchmarks.plots import write_plots
 
 # The Markdown table keeps the columns a reader compares at a glance.
 MD_COLUMNS = [

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from . import stats
+from benchmarks import stats
 
 TimedStep = Callable[[], float]  # runs one step, returns its milliseconds
 ORDERS = ("rotate", "shuffle")

@@ -32,13 +32,12 @@ from typing import Any
 
 import torch
 
+from benchmarks.measure import flat_outputs, max_abs_diff, model_state_mb, peak_memory_mb, timed_step
+from benchmarks.rounds import RoundPlan, run_rounds
+from benchmarks.stats import spread
+from benchmarks.zoo import MODELS
 from optimus_eqsat import stack_parameters
 from optimus_eqsat.stacking import stacked_groups
-
-from .measure import flat_outputs, max_abs_diff, model_state_mb, peak_memory_mb, timed_step
-from .rounds import RoundPlan, run_rounds
-from .stats import spread
-from .zoo import MODELS
 
 METHODS = ("inductor", "ours", "stacked", "stacked_program")
 STEPS = ("step", "step+opt")

@@ -26,11 +26,11 @@ from typing import Any
 
 import pandas as pd
 
-from .harness import BenchConfig, run
-from .methods import EqsatOptions
-from .report import markdown_table
-from .rounds import RoundPlan
-from .zoo import MODELS
+from benchmarks.harness import BenchConfig, run
+from benchmarks.methods import EqsatOptions
+from benchmarks.report import markdown_table
+from benchmarks.rounds import RoundPlan
+from benchmarks.zoo import MODELS
 
 TARGET_ERROR = 0.15
 CASE = ["model", "mode", "batch", "threads"]

@@ -26,7 +26,8 @@ once the split/cat rules remove them. ``GENERATORS`` names them all.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx

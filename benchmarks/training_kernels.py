@@ -28,8 +28,9 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from torch._inductor.custom_graph_pass import CustomGraphPass
 

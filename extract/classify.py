@@ -13,7 +13,8 @@ generator's ``decomposed_mm`` table, see fusion_triton.py and fusion_cpp.py).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch.fx as fx
 

@@ -34,11 +34,12 @@ default fp32 matmul does not use TF32, so fp32 matmuls get the SIMT peak.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from optimus_eqsat.fxvocab.kinds import KernelKind
 
 if TYPE_CHECKING:  # the calibration package imports torch; this module stays light
     from optimus_eqsat.calibration.profile import CalibratedProfile
@@ -55,35 +56,6 @@ __all__ = [
     "LAUNCHING_KINDS",
     "FUSIBLE_KINDS",
 ]
-
-
-class KernelKind(enum.Enum):
-    """What an FX node becomes under Inductor (before fusion).
-
-    VIEW       free: metadata only (slice, reshape/view, permute, getitem,
-               squeeze/unsqueeze, expand, alias, detach); launches nothing.
-    POINTWISE  elementwise; fuses into one generated kernel with neighbours.
-    REDUCTION  sum/mean/amax/softmax/layer_norm/...; a generated kernel that
-               pointwise producers and consumers fuse into.
-    MATMUL     extern library call (mm/addmm/bmm/baddbmm/linear/matmul/conv):
-               one launch each, never fused with generated code.
-    CAT        a copy into one buffer, free when fused with a pointwise
-               producer/consumer, else one copy kernel.
-    GATHER     embedding/index_select/gather: Inductor lowers these to indirect
-               loads, so they fuse like pointwise ops.
-    OPAQUE     unknown op (or a library fallback such as embedding_bag): one
-               launch, never fused.
-    NONE       placeholders, outputs, get_attr, scalar (SymInt) arithmetic.
-    """
-
-    VIEW = "view"
-    POINTWISE = "pointwise"
-    REDUCTION = "reduction"
-    MATMUL = "matmul"
-    CAT = "cat"
-    GATHER = "gather"
-    OPAQUE = "opaque"
-    NONE = "none"
 
 
 # Kinds that Inductor turns into generated (Triton / C++) code and may fuse.
@@ -142,7 +114,7 @@ class DeviceProfile:
     reduction_s: float = 0.0  # per reduction loop in generated code (CPU: its setup, not roofline)
     reduction_row_s: float = 0.0  # per row of a reduction in generated code (CPU: row loops, not roofline)
     trained_input_s: float = 0.0  # per input requiring grad per training step: autograd's bookkeeping
-    calibration: "CalibratedProfile | None" = dataclasses.field(default=None, compare=False, repr=False)
+    calibration: CalibratedProfile | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def launch_s(self, kind: KernelKind) -> float:
         """Host time of launching one kernel of ``kind``."""
@@ -172,7 +144,7 @@ _GPU_HOST = dict(launch_overhead_s=14.7e-6, call_s=84e-6, overlap=True, device_k
                  codegen="triton")
 
 
-def _from_calibration(name: str, cal: "CalibratedProfile", **device: Any) -> DeviceProfile:
+def _from_calibration(name: str, cal: CalibratedProfile, **device: Any) -> DeviceProfile:
     """A profile from a calibrated one (measured host costs; device numbers measured where
     the calibration has them, else ``device``'s)."""
     cpu = cal.device_kind == "cpu"
@@ -192,14 +164,14 @@ def _from_calibration(name: str, cal: "CalibratedProfile", **device: Any) -> Dev
     return DeviceProfile(**fields)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_profile() -> DeviceProfile:
     from optimus_eqsat.calibration.store import current_profile
 
     return _from_calibration("cpu", current_profile("cpu"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _h200_profile() -> DeviceProfile:
     from optimus_eqsat.calibration.store import shipped_profile
 
@@ -238,7 +210,7 @@ class _Profiles(Mapping):
 PROFILES: Mapping[str, DeviceProfile] = _Profiles()
 
 
-def get_profile(name_or_profile: "str | DeviceProfile" = "h100", **overrides: Any) -> DeviceProfile:
+def get_profile(name_or_profile: str | DeviceProfile = "h100", **overrides: Any) -> DeviceProfile:
     """A profile by name (case-insensitive) or as given, with fields overridden.
 
     >>> get_profile("h100", launch_overhead_s=3e-6).launch_overhead_s

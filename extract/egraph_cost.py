@@ -23,12 +23,13 @@ own dispatch on top: there it never beats the plain linears. Packing terms
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
-from ..term import CTORS, Role
-from .egraph import ENode, ExtractionGraph
-from .cost_model import DeviceProfile, KernelKind, get_profile, kernel_costs, kernel_time
-from .fusion_triton import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
+from optimus_eqsat.extract.cost_model import DeviceProfile, KernelKind, get_profile, kernel_costs, kernel_time
+from optimus_eqsat.extract.egraph import ENode, ExtractionGraph
+from optimus_eqsat.extract.fusion_triton import MAX_POINTWISE_CAT_INPUTS  # a cat of at most 8 inputs fuses
+from optimus_eqsat.term import CTORS, Role
 
 VIEW_COST = 1e-9  # seconds; far below any kernel, enough to break ties
 FUSED_LAUNCH_SHARE = 0.25

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Protocol, runtime_checkable
 
-from .egraph import Extraction, ExtractionGraph, compact
-from .greedy import GreedyDagExtractor
-from .ilp import IlpExtractor
+from optimus_eqsat.extract.egraph import Extraction, ExtractionGraph, compact
+from optimus_eqsat.extract.greedy import GreedyDagExtractor
+from optimus_eqsat.extract.ilp import IlpExtractor
 
 __all__ = ["Extractor", "AutoExtractor", "get_extractor", "EXTRACTORS"]
 

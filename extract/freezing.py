@@ -18,7 +18,8 @@ which they are ``get_attr`` constants, so any launch predictor
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx

@@ -45,15 +45,14 @@ shapes that are unknown are treated as compatible (optimistic fusion).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch.fx as fx
 
+from optimus_eqsat.extract.classify import DecomposedMM, Infos, arg_nodes, has_bias
 from optimus_eqsat.extract.cost_model import FUSIBLE_KINDS, KernelKind
+from optimus_eqsat.extract.pricing import EXTERN, KernelPlan
 from optimus_eqsat.fxvocab import WHOLE_VIEW_OPS, op_label, target_name
-
-from .classify import DecomposedMM, Infos, arg_nodes, has_bias
-from .pricing import EXTERN, KernelPlan
 
 __all__ = ["Fusion", "FusionStrategy", "Groups", "Range", "kind_of_group", "whole_view"]
 

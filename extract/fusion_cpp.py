@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from optimus_eqsat.extract.classify import arg_nodes
 from optimus_eqsat.extract.cost_model import KernelKind
-
-from .classify import arg_nodes
-from .fusion import Fusion, FusionStrategy, Range
-from .pricing import KernelPlan
+from optimus_eqsat.extract.fusion import Fusion, FusionStrategy, Range
+from optimus_eqsat.extract.pricing import KernelPlan
 
 __all__ = ["CppStrategy"]
 

@@ -61,12 +61,11 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from optimus_eqsat.extract.classify import arg_nodes
 from optimus_eqsat.extract.cost_model import FUSIBLE_KINDS, KernelKind
+from optimus_eqsat.extract.fusion import Fusion, FusionStrategy, Range, whole_view
+from optimus_eqsat.extract.pricing import CAT_COPY, NORM_STATS, KernelPlan
 from optimus_eqsat.fxvocab import LAYER_NORM_OPS, NORM_MODULE_LABELS, NORM_OPS, op_label
-
-from .classify import arg_nodes
-from .fusion import Fusion, FusionStrategy, Range, whole_view
-from .pricing import CAT_COPY, NORM_STATS, KernelPlan
 
 __all__ = ["MAX_POINTWISE_CAT_INPUTS", "TritonStrategy"]
 

@@ -23,18 +23,18 @@ priced, and the pricing for them.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch.fx as fx
 
+from optimus_eqsat.extract.classify import classify_node, graph_infos, node_kinds
 from optimus_eqsat.extract.cost_model import DeviceProfile, get_profile, step_seconds
+from optimus_eqsat.extract.fusion import Fusion, FusionStrategy
+from optimus_eqsat.extract.fusion_cpp import CppStrategy
+from optimus_eqsat.extract.fusion_triton import MAX_POINTWISE_CAT_INPUTS, TritonStrategy
+from optimus_eqsat.extract.pricing import KernelPlan, PredictedKernel, Pricing, needs_grad
 from optimus_eqsat.fxvocab import TensorInfo, node_tensor_infos
-
-from .classify import classify_node, graph_infos, node_kinds
-from .fusion import Fusion, FusionStrategy
-from .fusion_cpp import CppStrategy
-from .fusion_triton import MAX_POINTWISE_CAT_INPUTS, TritonStrategy
-from .pricing import KernelPlan, PredictedKernel, Pricing, needs_grad
 
 __all__ = [
     "MAX_POINTWISE_CAT_INPUTS",

@@ -25,7 +25,7 @@ import heapq
 import math
 import time
 
-from .egraph import CompactGraph, Extraction, ExtractionGraph, compact
+from optimus_eqsat.extract.egraph import CompactGraph, Extraction, ExtractionGraph, compact
 
 __all__ = ["GreedyDagExtractor", "greedy_pass"]
 
@@ -49,7 +49,7 @@ def greedy_pass(
     nodes_of, children_of, class_of = cg.class_nodes, cg.node_children, cg.node_class
     best = [-1] * cg.n_classes
     part = [0.0] * cg.n_classes  # value[c] / share[c], what a parent pays for c
-    for k, (members, is_cyclic) in enumerate(zip(comps, cyclic)):
+    for members, is_cyclic in zip(comps, cyclic):
         if not is_cyclic:
             c = members[0]
             bv, bn = math.inf, -1

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from .egraph import CycleError, Extraction, ExtractionError, ExtractionGraph, reachable_choice
+from optimus_eqsat.extract.egraph import CycleError, Extraction, ExtractionError, ExtractionGraph, reachable_choice
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import numpy as np
 if TYPE_CHECKING:
     from scipy.optimize import Bounds, LinearConstraint
 
-from .egraph import (
+from optimus_eqsat.extract.egraph import (
     CompactGraph,
     Extraction,
     ExtractionError,
@@ -39,9 +39,9 @@ from .egraph import (
     compact,
     dag_cost,
 )
-from .greedy import GreedyDagExtractor
-from .ilp_model import _build, _decode
-from .ilp_reduce import reduce_for_ilp
+from optimus_eqsat.extract.greedy import GreedyDagExtractor
+from optimus_eqsat.extract.ilp_model import _build, _decode
+from optimus_eqsat.extract.ilp_reduce import reduce_for_ilp
 
 __all__ = ["IlpExtractor", "reduce_for_ilp"]
 

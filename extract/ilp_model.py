@@ -60,8 +60,8 @@ import numpy as np
 if TYPE_CHECKING:
     from scipy.optimize import Bounds, LinearConstraint
 
-from .egraph import CompactGraph
-from .ilp_needs import _bits, _need_pairs, _needs, _node_needs
+from optimus_eqsat.extract.egraph import CompactGraph
+from optimus_eqsat.extract.ilp_needs import _bits, _need_pairs, _needs, _node_needs
 
 
 class _Model:

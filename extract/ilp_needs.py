@@ -19,9 +19,9 @@ reach arcs. Why, and what they bought: docs/ilp.md.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
-from .egraph import CompactGraph
+from optimus_eqsat.extract.egraph import CompactGraph
 
 
 def _children_need(cg: CompactGraph, n: int, c: int, need_of: Callable[[int], int | None]) -> int | None:

@@ -20,8 +20,8 @@ docs/ilp.md.
 
 from __future__ import annotations
 
-from .egraph import CompactGraph, ENode, ExtractionGraph, compact
-from .ilp_needs import _needs
+from optimus_eqsat.extract.egraph import CompactGraph, ENode, ExtractionGraph, compact
+from optimus_eqsat.extract.ilp_needs import _needs
 
 __all__ = ["reduce_for_ilp"]
 

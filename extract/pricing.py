@@ -25,16 +25,15 @@ overlapped on a GPU) with one call of the compiled graph.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.fx as fx
 
+from optimus_eqsat.extract.classify import Infos, arg_nodes, mm_form
 from optimus_eqsat.extract.cost_model import DeviceProfile, KernelKind, kernel_costs
 from optimus_eqsat.fxvocab import GROUPED_OPS, TensorInfo, op_label, target_name
-
-from .classify import Infos, arg_nodes, mm_form
 
 __all__ = ["FLOPS_PER_ELEMENT", "KernelPlan", "PredictedKernel", "Pricing"]
 

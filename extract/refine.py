@@ -9,8 +9,8 @@ with list cells priced by the chosen lists' lengths (``egraph_cost.reprice_cells
 then re-extracts with each batch kind the extraction uses forbidden, then with
 all of them; it keeps the variant predicted fastest, within a time limit.
 :class:`BatchRefine` decides which variants to try, forbids their batched
-alternatives and picks the winner; :func:`refine_run` applies it to an
-``OptimizationRun`` (its ``finish`` calls it), which extracts and builds the variants.
+alternatives and picks the winner; it receives the functions that build and price a
+variant, so the pipeline above (``optimus_eqsat.refine_run``) drives it.
 """
 
 from __future__ import annotations
@@ -18,20 +18,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch.fx
 
-from optimus_eqsat.fx_graphs import predict
-
-from ..term import CTORS, Role
-from .egraph import ENode, ExtractionGraph
-from .egraph_cost import MAX_POINTWISE_CAT_INPUTS, chosen_list_lengths, reprice_cells
-from .group_search import improve_with_groups, long_cat_moves
-
-if TYPE_CHECKING:
-    from optimus_eqsat.api import OptimizationRun
+from optimus_eqsat.extract.egraph import ENode, ExtractionGraph
+from optimus_eqsat.term import CTORS, Role
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -152,63 +146,3 @@ class BatchRefine:
             if t < best.seconds * (1 - 1e-9):
                 best = Variant(dropped, n, t, kept)
         return best
-
-
-def _relist(run: OptimizationRun, policy: BatchRefine, result: torch.fx.GraphModule, launches: int,
-            seconds: float) -> tuple[torch.fx.GraphModule, int, float]:
-    """Re-extract with list cells priced by the lists the extraction chose
-    (``egraph_cost.reprice_cells``); keep it when the fusion-aware model says it is
-    faster. Returns the kept program (built cheaply), its launches and seconds."""
-    relisted = reprice_cells(run.graph, run.egraph.classes, run.extraction.choice, run.cost)
-    if relisted is None or policy.variant_seconds(run.report.phase_seconds, run.report.extractor) is None:
-        return result, launches, seconds
-    before = _state(run)
-    run.report.refine_tried.append(["relist-cats"])
-    run.extract(graph=relisted, extractor="greedy")
-    lengths = chosen_list_lengths(run.egraph.classes, run.extraction.choice)
-    moves = long_cat_moves(run.egraph, run.extraction.choice, lengths, MAX_POINTWISE_CAT_INPUTS)
-    run.extraction, taken = improve_with_groups(relisted, run.extraction, moves)
-    run.report.group_moves = run.report.group_moves + taken
-    candidate = run.build(meta=False)
-    n, t = predict(candidate, run.example_inputs, run.objective)
-    if t < seconds * (1 - 1e-9):
-        return candidate, n, t
-    _restore(run, before)
-    return result, launches, seconds
-
-
-def _state(run: OptimizationRun) -> tuple:
-    """What an extraction variant changes in ``run``: its graph, extraction and group moves."""
-    return run.graph, run.extraction, list(run.report.group_moves)
-
-
-def _restore(run: OptimizationRun, state: tuple) -> None:
-    run.graph, run.extraction, run.report.group_moves = state
-    run.report.record_extraction(run.extraction)  # the report describes the kept extraction, not the last variant
-
-
-def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int,
-               seconds: float) -> tuple[torch.fx.GraphModule | None, int, float]:
-    """Refine a run's extraction in place: drop the batch kinds that do not pay.
-
-    ``result`` is the cheap build (no fake-tensor meta) of ``run.extraction`` and
-    ``launches``, ``seconds`` its prediction. Returns (``result``, or None when a
-    variant won and is now ``run.extraction``; its launches; its seconds).
-    """
-    limit_s = run.options.refine_time_limit_s
-    budget = getattr(run, "budget", None)  # the run's time budget: refine gets its share of what is left
-    policy = BatchRefine(run.egraph, run.batches.outputs, limit_s if budget is None else budget.share(limit_s))
-    result, launches, seconds = _relist(run, policy, result, launches, seconds)
-    main_graph, first = run.graph, _state(run)
-
-    def build_variant(dropped: tuple[str, ...]) -> tuple[tuple, torch.fx.GraphModule]:
-        run.extract(graph=policy.without(dropped, main_graph), extractor="greedy")
-        return _state(run), run.build(meta=False)
-
-    best = policy.run(run.extraction.choice, Variant((), launches, seconds), run.report, build_variant,
-                      lambda gm: predict(gm, run.example_inputs, run.objective))
-    if best is None:  # nothing to drop, or no time for a variant
-        return result, launches, seconds
-    _restore(run, first if best.kept is None else best.kept)
-    run.report.dropped_batches = list(best.dropped)
-    return (None if best.dropped else result), best.launches, best.seconds

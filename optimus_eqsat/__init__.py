@@ -9,20 +9,9 @@ or ``torch.compile(model, backend="optimus_eqsat")``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-# In a development checkout, rewrites/ and extract/ sit at the repository top
-# level; a wheel ships them inside this package. Extending __path__ makes
-# `optimus_eqsat.rewrites` and `optimus_eqsat.extract` resolve in both cases.
-_checkout_top = Path(__file__).resolve().parent.parent
-if (_checkout_top / "rewrites" / "__init__.py").exists() and not (
-    Path(__file__).resolve().parent / "rewrites"
-).exists():
-    __path__.append(str(_checkout_top))  # type: ignore[name-defined]
-
-from .api import OptimizationError, OptimizeOptions, optimize_graph  # noqa: E402
-from .report import OptimizeReport  # noqa: E402
-from .stacking import stack_parameters, unstack_parameters  # noqa: E402
+from optimus_eqsat.api import OptimizationError, OptimizeOptions, optimize_graph
+from optimus_eqsat.report import OptimizeReport
+from optimus_eqsat.stacking import stack_parameters, unstack_parameters
 
 __version__ = "0.1.0"
 __all__ = ["optimize_graph", "OptimizeOptions", "OptimizeReport", "OptimizationError", "predicted_launches",
@@ -31,6 +20,6 @@ __all__ = ["optimize_graph", "OptimizeOptions", "OptimizeReport", "OptimizationE
 
 def predicted_launches(gm, example_inputs=None, profile: str = "h100") -> int:
     """Kernel launches the cost model predicts for an FX graph (see extract.fx_cost)."""
-    from .extract.fx_cost import predicted_launches as _predicted_launches
+    from optimus_eqsat.extract.fx_cost import predicted_launches as _predicted_launches
 
     return _predicted_launches(gm, example_inputs, profile)

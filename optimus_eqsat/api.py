@@ -4,36 +4,37 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
-from . import rewrites
-from .rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
-from .egraph_export import export
-from .checkpoint_regions import with_regions_inlined
-from .decompose import before_translation
-from .extract.egraph import ExtractionGraph
-from .extract.egraph_cost import EGraphCost
-from .extract.extractors import get_extractor
-from .extract.freezing import parameter_placeholders
-from .extract.group_search import GroupMove, batch_group_moves, improve_with_groups
-from .extract.refine import refine_run
-from .fx_graphs import copy_module, has_fake_meta, op_count, predict
-from .fxvocab.symbolic import PinnedSize
-from .inductor_compat import is_dynamo_signal, split_attention_key_permutes
-from .keep_gradients import keep_gradient_inputs
-from .own_outputs import contiguous_outputs, own_sliced_outputs
-from .objective import Objective
-from .options import OptimizeOptions
-from .program_cache import load_program, program_key, store_program
-from .rebuild import propagate_meta, rebuild
-from .report import OptimizeReport
-from .run_support import gc_paused, phase
-from .saturate import EGraphSession, Limits, StopReason, TimeLimitReached
-from .budget import Budget
-from .translate import translate
+from optimus_eqsat import rewrites
+from optimus_eqsat.budget import Budget
+from optimus_eqsat.checkpoint_regions import with_regions_inlined
+from optimus_eqsat.decompose import before_translation
+from optimus_eqsat.egraph_export import export
+from optimus_eqsat.extract.egraph import ExtractionGraph
+from optimus_eqsat.extract.egraph_cost import EGraphCost
+from optimus_eqsat.extract.extractors import get_extractor
+from optimus_eqsat.extract.freezing import parameter_placeholders
+from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
+from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
+from optimus_eqsat.fxvocab.symbolic import PinnedSize
+from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
+from optimus_eqsat.keep_gradients import keep_gradient_inputs
+from optimus_eqsat.objective import Objective, predict
+from optimus_eqsat.options import OptimizeOptions
+from optimus_eqsat.own_outputs import contiguous_outputs, own_sliced_outputs
+from optimus_eqsat.program_cache import load_program, program_key, store_program
+from optimus_eqsat.rebuild import propagate_meta, rebuild
+from optimus_eqsat.refine_run import refine_run
+from optimus_eqsat.report import OptimizeReport
+from optimus_eqsat.rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
+from optimus_eqsat.run_support import gc_paused, phase
+from optimus_eqsat.saturate import EGraphSession, Limits, StopReason, TimeLimitReached
+from optimus_eqsat.translate import translate
 
 log = logging.getLogger("optimus_eqsat")
 

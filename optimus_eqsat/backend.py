@@ -14,23 +14,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
-from .api import OptimizeOptions, optimize_graph
-from .budget import backend_time_limit
-from .ddp_whole_graph import Piece, current_piece, piece_count, piece_mode, sink_input_work
-from .ddp_whole_graph import install as install_ddp_whole_graph
-from .fx_graphs import copy_module, op_count
-from .fxvocab.symbolic import symbolic_value
-from .guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
-from .inductor_compat import first_line, inductor_patches, is_dynamo_signal
-from .objective import freezing_enabled
-from .parameter_cache import CachedParameterWork, ParameterWork, split_parameter_work, static_example_values
-from .program_cache import StoredDecision, decision_key, load_decision, program_key, store_decision
-from .report import OptimizeReport
+from optimus_eqsat.api import OptimizeOptions, optimize_graph
+from optimus_eqsat.budget import backend_time_limit
+from optimus_eqsat.ddp_whole_graph import Piece, current_piece, piece_count, piece_mode, sink_input_work
+from optimus_eqsat.ddp_whole_graph import install as install_ddp_whole_graph
+from optimus_eqsat.fx_graphs import copy_module, op_count
+from optimus_eqsat.fxvocab.symbolic import symbolic_value
+from optimus_eqsat.guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
+from optimus_eqsat.inductor_compat import first_line, inductor_patches, is_dynamo_signal
+from optimus_eqsat.objective import freezing_enabled
+from optimus_eqsat.parameter_cache import (
+    CachedParameterWork,
+    ParameterWork,
+    split_parameter_work,
+    static_example_values,
+)
+from optimus_eqsat.program_cache import StoredDecision, decision_key, load_decision, program_key, store_decision
+from optimus_eqsat.report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -293,7 +299,7 @@ def post_grad_patches(options: dict[str, Any], *reports: list[tuple[str, Optimiz
     its reports go to every list in ``reports``. The pass turns in-place buffers off in a
     graph it rewrites: compile with :func:`~.inductor_compat.inductor_patches` too, which
     restores them."""
-    from .postgrad import PostGradPass
+    from optimus_eqsat.postgrad import PostGradPass
 
     ours = PostGradPass(turn_off_inplace=True, roles=roles, **options)
     ours.sinks = list(reports)
@@ -305,7 +311,7 @@ def mask_patches(*counts: list[int], sliced: Sequence[list[int]] = ()) -> dict[s
     any joint-graph pass the user installed; how many masks each joint graph recomputes goes
     to every list in ``counts``, how many of them read a slice of a concatenation to every
     list in ``sliced``."""
-    from .postgrad.bool_masks import RecomputeMasks
+    from optimus_eqsat.postgrad.bool_masks import RecomputeMasks
 
     ours = RecomputeMasks()
     ours.sinks = list(counts)

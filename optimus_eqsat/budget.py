@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .saturate import TimeLimitReached
+from optimus_eqsat.saturate import TimeLimitReached
 
 AFTER_S_PER_NODE = 4e-4
 # The ILP after a greedy extraction and refine's variants are the phases that can be

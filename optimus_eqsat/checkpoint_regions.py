@@ -118,7 +118,7 @@ def with_regions_inlined(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     call as one opaque op)."""
     if not checkpoint_calls(gm):
         return gm
-    from .fx_graphs import copy_module
+    from optimus_eqsat.fx_graphs import copy_module
 
     inlined = copy_module(gm)
     inline_checkpoints(inlined)

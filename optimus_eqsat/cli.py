@@ -41,15 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args(["demo", *(argv or [])])
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    from .demo import run_demo
+    from optimus_eqsat.demo import run_demo
 
     return run_demo(profile=args.profile, extractor=args.extractor, features=args.features)
 
 
 def run_cache(args: argparse.Namespace) -> int:
     """``optimus-eqsat cache``: where the persistent cache is and how many entries it holds."""
-    from .disk_cache import cache_enabled, cache_root, clear_cache
-    from .program_cache import DECISIONS, PROGRAMS
+    from optimus_eqsat.disk_cache import cache_enabled, cache_root, clear_cache
+    from optimus_eqsat.program_cache import DECISIONS, PROGRAMS
 
     if args.clear:
         print(f"removed {clear_cache()} entries from {cache_root()}")
@@ -75,7 +75,7 @@ def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """``optimus-eqsat calibrate``: measure and store, or ``--show`` the profile in use."""
-    from .calibration import CalibrationError, calibrate, current_profile, load_profile, save_profile
+    from optimus_eqsat.calibration import CalibrationError, calibrate, current_profile, load_profile, save_profile
 
     if args.show:
         profile = current_profile(args.device, args.dtype, args.threads)
@@ -109,8 +109,8 @@ def _add_check_rules_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_check_rules(args: argparse.Namespace) -> int:
     """``optimus-eqsat check-rules``: a verdict table per file; 1 if a rule is unsound, 2 if a file is unreadable."""
-    from .rewrites import RuleFileError
-    from .rule_check import check_rules, verdict_table
+    from optimus_eqsat.rewrites import RuleFileError
+    from optimus_eqsat.rule_check import check_rules, verdict_table
 
     status = 0
     for path in args.files:

@@ -21,7 +21,8 @@ import contextvars
 import enum
 import functools
 import logging
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 

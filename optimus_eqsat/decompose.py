@@ -59,13 +59,13 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .checkpoint_regions import checkpoint_calls, inline_checkpoints, region_tags
-from .dropout_draws import keeps_rng_order, share_dropout_draws, shared_draw_groups
-from .fx_graphs import copy_module
-from .fxvocab import ALIASING_OPS, canonical_name
-from .fxvocab.meta import _META_KEYS, meta_value
-from .normalize import HANDLERS, MODULE_OPS
-from .fxvocab.mutation import inplace_position, is_mutating, renormed_table, running_stats_written
+from optimus_eqsat.checkpoint_regions import checkpoint_calls, inline_checkpoints, region_tags
+from optimus_eqsat.dropout_draws import keeps_rng_order, share_dropout_draws, shared_draw_groups
+from optimus_eqsat.fx_graphs import copy_module
+from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
+from optimus_eqsat.fxvocab.meta import _META_KEYS, meta_value
+from optimus_eqsat.fxvocab.mutation import inplace_position, is_mutating, renormed_table, running_stats_written
+from optimus_eqsat.normalize import HANDLERS, MODULE_OPS
 
 _SIGNATURE = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
@@ -313,7 +313,7 @@ def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, a
     outside autograd (None without running statistics)."""
     x = args["input"]
     shape = _shape_dtype(node)[0]
-    channels, count = shape[1], _per_channel_count(shape)
+    channels = shape[1]
     dims = [0, *range(2, len(shape))]
     stat_shape = (1, channels, *[1] * (len(shape) - 2))
 
@@ -412,9 +412,9 @@ def _computed(node: torch.fx.Node) -> torch.fx.Node:
         values: list[Any] = []
         known = True
 
-        def value_of(a: torch.fx.Node) -> Any:
+        def value_of(a: torch.fx.Node) -> Any:  # (called at once, within this iteration)
             nonlocal known
-            v = a.meta.get(key)
+            v = a.meta.get(key)  # noqa: B023
             known = known and isinstance(v, (torch.Tensor, tuple))
             return v
 
@@ -422,12 +422,15 @@ def _computed(node: torch.fx.Node) -> torch.fx.Node:
         kwargs = torch.fx.node.map_arg(node.kwargs, value_of)
         if not known:
             continue
-        torch.fx.node.map_arg((node.args, node.kwargs), lambda a: values.append(a.meta[key]))
+        torch.fx.node.map_arg((node.args, node.kwargs), lambda a: values.append(a.meta[key]))  # noqa: B023
         leaves = torch.utils._pytree.tree_leaves(values)
         mode = next((v.fake_mode for v in leaves if isinstance(v, FakeTensor)), None)
         if mode is None:
-            to_meta = lambda v: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") \
-                if isinstance(v, torch.Tensor) else v
+            def to_meta(v: Any) -> Any:
+                if isinstance(v, torch.Tensor):
+                    return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                return v
+
             args, kwargs = torch.utils._pytree.tree_map(to_meta, (args, kwargs))
         fn = getattr(torch.Tensor, node.target) if node.op == "call_method" else node.target
         with mode if mode is not None else contextlib.nullcontext(), torch.no_grad():

@@ -90,7 +90,7 @@ class DemoResult:
 def run_demo(profile: str = "h100", extractor: str = "auto", features: int = 8) -> int:
     """Measure the demo model on this machine (eager, Inductor, ours; inference and training)
     and print the cost model's prediction for ``profile``; 0 when our numerics match eager's."""
-    from .api import optimize_graph
+    from optimus_eqsat.api import optimize_graph
 
     progress = _Progress(total=2 + len(MODES) * 4)
     model = DemoRecModel(features=features)
@@ -149,8 +149,8 @@ def _measure_mode(mode: str, features: int, extractor: str, progress: _Progress,
     """Compile, check and time eager, Inductor and ours in one mode; rows go to ``result``."""
     from torch._inductor.utils import run_and_get_code
 
-    from .backend import make_backend
-    from .inductor_count import count_kernels_in_code
+    from optimus_eqsat.backend import make_backend
+    from optimus_eqsat.inductor_count import count_kernels_in_code
 
     training = mode == "training"
     torch._dynamo.reset()
@@ -205,7 +205,7 @@ def _our_program(backend: Callable, codes: list[str], inductor_kernels: int) -> 
     """Kernels of the program our backend runs, and what it kept. The measured choice
     compiled the original graph as Inductor alone compiles it (Inductor's kernels) beside
     ours: what is left of the kernels compiled is our program's."""
-    from .inductor_count import count_kernels_in_code
+    from optimus_eqsat.inductor_count import count_kernels_in_code
 
     compiled = sum(sum(count_kernels_in_code(code)) for code in codes)
     reports = getattr(backend, "reports", [])

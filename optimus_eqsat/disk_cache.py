@@ -20,7 +20,7 @@ import logging
 import os
 import pickle
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ def digest(*parts: Any) -> str:
     return h.hexdigest()
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_fingerprint() -> str:
     """A digest of the versions of torch and egglog and of every source and rule file of this
     package (the rule sets and extractors included): any change to them invalidates every
@@ -69,17 +69,21 @@ def code_fingerprint() -> str:
 
     import torch
 
-    from . import extract, rewrites
-
     # (egglog's version from its metadata: importing egglog costs about 0.15 s)
     h = hashlib.sha256(f"{FORMAT} {torch.__version__} {version('egglog')}".encode())
-    roots = {Path(__file__).parent, Path(rewrites.__file__).parent, Path(extract.__file__).parent}
-    for root in sorted(roots):
+    for root in source_roots():
         for path in sorted(root.rglob("*")):
-            if path.suffix in (".py", ".egg", ".json") and "__pycache__" not in path.parts:
+            if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts:
                 h.update(str(path.relative_to(root)).encode())
                 h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def source_roots() -> tuple[Path, ...]:
+    """The folders of the package's sources: the package and its rewrites/ and extract/
+    (symbolic links in a checkout, which a recursive glob of the package does not enter)."""
+    package = Path(__file__).parent
+    return (package, package / "rewrites", package / "extract")
 
 
 class DiskCache:

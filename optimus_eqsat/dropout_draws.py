@@ -33,8 +33,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .checkpoint_regions import region_tags
-from .fxvocab.meta import meta_value
+from optimus_eqsat.checkpoint_regions import region_tags
+from optimus_eqsat.fxvocab.meta import meta_value
 
 __all__ = ["keeps_rng_order", "share_dropout_draws", "shared_draw_groups"]
 

@@ -9,12 +9,13 @@ from a cost function.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from .extract.egraph import ENode, ExtractionGraph
-from .term import CTORS, EMITTED_CTORS, VIEW_CTORS, Role
+from optimus_eqsat.extract.egraph import ENode, ExtractionGraph
+from optimus_eqsat.term import CTORS, EMITTED_CTORS, VIEW_CTORS, Role
 
 if TYPE_CHECKING:
     import egglog.bindings as eb

@@ -3,8 +3,6 @@ op counts, whether shapes came as fake tensors, a fresh copy, the predicted cost
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 import torch
 import torch.fx
 
@@ -55,18 +53,3 @@ def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return carry_dynamo_attributes(gm, torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__))
 
 
-def predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, objective: Any) -> tuple[int, float]:
-    """Kernel launches and step seconds the fusion-aware cost model (fx_cost) predicts for
-    ``gm`` under ``objective`` (an ``objective.Objective``: profile and mode). Frozen inference
-    is predicted on the graph with its parameter-only work folded (extract/freezing.py); cached
-    inference with the work the backend's parameter cache keeps folded (parameter_cache.py)."""
-    from .extract.freezing import fold_parameters
-    from .extract.fx_cost import predict_kernels, predicted_step_time
-    from .parameter_cache import packable_nodes
-
-    if objective.frozen and example_inputs is not None:
-        gm = fold_parameters(gm, example_inputs)
-    elif objective.cached and example_inputs is not None:
-        gm = fold_parameters(gm, example_inputs, packable_nodes)
-    launches = len(predict_kernels(gm, example_inputs, objective.profile))
-    return launches, predicted_step_time(gm, example_inputs, objective.profile, objective.training)

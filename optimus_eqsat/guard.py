@@ -46,16 +46,17 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
-from .fxvocab import ALIASING_OPS, canonical_name
-from .fxvocab.meta import copied_inputs, input_versions, warn_if_written
-from .fxvocab.mutation import written_inputs
-from .inductor_compat import first_line
+from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
+from optimus_eqsat.fxvocab.meta import copied_inputs, input_versions, warn_if_written
+from optimus_eqsat.fxvocab.mutation import written_inputs
+from optimus_eqsat.inductor_compat import first_line
 
 log = logging.getLogger("optimus_eqsat")
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
+from optimus_eqsat.fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
 
 __all__ = ["split_attention_key_permutes", "is_dynamo_signal", "first_line", "INDUCTOR_PATCHES",
            "inductor_patches", "turn_off_inplace_buffers"]

@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .fxvocab.meta import meta_value
+from optimus_eqsat.fxvocab.meta import meta_value
 
 
 def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:

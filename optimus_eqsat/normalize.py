@@ -10,18 +10,23 @@ stays opaque, kept verbatim.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fxvocab import EXPAND_OPS, OP_KINDS, RESHAPE_OPS
-from .fxvocab import canonical_name  # noqa: F401  (re-exported: the translator's op names)
-from .term import Binary, Cat, Expand, Id, ListTerm, Op2, Op3, Permute, Reshape, Scalar, Slice, Term, Unary
-from .opspec import GATHER, MATMUL, POINTWISE
-from .tuple_ops import TUPLE_OPS, h_tuple_op
+from optimus_eqsat.fxvocab import (
+    EXPAND_OPS,
+    OP_KINDS,
+    RESHAPE_OPS,
+    canonical_name,  # noqa: F401  (re-exported: the translator's op names)
+)
+from optimus_eqsat.opspec import GATHER, MATMUL, POINTWISE
+from optimus_eqsat.term import Binary, Cat, Expand, Id, ListTerm, Op2, Op3, Permute, Reshape, Scalar, Slice, Term, Unary
+from optimus_eqsat.tuple_ops import TUPLE_OPS, h_tuple_op
 
 
 class Unsupported(Exception):

@@ -14,13 +14,14 @@ Resolved once per run from the options and the graph's inputs:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
-from .extract.cost_model import DeviceProfile, get_profile, profile_for_inputs
+from optimus_eqsat.extract.cost_model import DeviceProfile, get_profile, profile_for_inputs
 
 MODES = ("auto", "inference", "training")
 
@@ -61,9 +62,26 @@ class Objective:
 
     @classmethod
     def resolve(cls, profile: Any, mode: str, gm: torch.fx.GraphModule,
-                example_inputs: Sequence[Any] | None, cached_parameters: bool = False) -> "Objective":
+                example_inputs: Sequence[Any] | None, cached_parameters: bool = False) -> Objective:
         """The objective for ``gm`` under the ``profile``, ``mode`` and ``cached_parameters`` options."""
         name = profile_for_inputs(example_inputs) if isinstance(profile, str) and profile == "auto" else profile
         training = training_mode(gm, example_inputs) if mode == "auto" else mode == "training"
         return cls(get_profile(name), training, frozen=not training and freezing_enabled(),
                    cached=not training and cached_parameters)
+
+
+def predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, objective: Objective) -> tuple[int, float]:
+    """Kernel launches and step seconds the fusion-aware cost model (fx_cost) predicts for
+    ``gm`` under ``objective`` (an :class:`Objective`: profile and mode). Frozen inference
+    is predicted on the graph with its parameter-only work folded (extract/freezing.py); cached
+    inference with the work the backend's parameter cache keeps folded (parameter_cache.py)."""
+    from optimus_eqsat.extract.freezing import fold_parameters
+    from optimus_eqsat.extract.fx_cost import predict_kernels, predicted_step_time
+    from optimus_eqsat.parameter_cache import packable_nodes
+
+    if objective.frozen and example_inputs is not None:
+        gm = fold_parameters(gm, example_inputs)
+    elif objective.cached and example_inputs is not None:
+        gm = fold_parameters(gm, example_inputs, packable_nodes)
+    launches = len(predict_kernels(gm, example_inputs, objective.profile))
+    return launches, predicted_step_time(gm, example_inputs, objective.profile, objective.training)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.fx
 
-from .fxvocab import target_name
+from optimus_eqsat.fxvocab import target_name
 
 # Cost-model kinds of generic ops (the cost model reads them).
 POINTWISE = "pointwise"

@@ -7,11 +7,11 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-from . import rewrites
-from .extract.cost_model import DeviceProfile, get_profile
-from .objective import MODES
-from .rulesets import DEFAULT_RULESETS, checked_rule_files, known_families, select_rulesets
-from .saturate import Limits
+from optimus_eqsat import rewrites
+from optimus_eqsat.extract.cost_model import DeviceProfile, get_profile
+from optimus_eqsat.objective import MODES
+from optimus_eqsat.rulesets import DEFAULT_RULESETS, checked_rule_files, known_families, select_rulesets
+from optimus_eqsat.saturate import Limits
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class OptimizeOptions:
         return {f.name for f in fields(cls)}
 
     @classmethod
-    def from_kwargs(cls, **options: Any) -> "OptimizeOptions":
+    def from_kwargs(cls, **options: Any) -> OptimizeOptions:
         known = cls.names()
         unknown = set(options) - known
         if unknown:

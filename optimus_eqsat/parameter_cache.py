@@ -35,17 +35,18 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
 
-from .extract.freezing import outermost, parameter_values
-from .fxvocab import VIEW_OPS, WHOLE_VIEW_OPS
-from .fxvocab.names import canonical_name
-from .guard import resident_bytes
-from .translate import written_memory
+from optimus_eqsat.extract.freezing import outermost, parameter_values
+from optimus_eqsat.fxvocab import VIEW_OPS, WHOLE_VIEW_OPS
+from optimus_eqsat.fxvocab.names import canonical_name
+from optimus_eqsat.guard import resident_bytes
+from optimus_eqsat.translate import written_memory
 
 log = logging.getLogger(__name__)
 

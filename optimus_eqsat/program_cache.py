@@ -21,16 +21,17 @@ import operator
 import pickle
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 
-from .disk_cache import DiskCache, cache_enabled, cache_root, code_fingerprint, digest
-from .fx_graphs import carry_dynamo_attributes, copy_module
-from .fxvocab.symbolic import symbolic_value
-from .report import OptimizeReport
+from optimus_eqsat.disk_cache import DiskCache, cache_enabled, cache_root, code_fingerprint, digest
+from optimus_eqsat.fx_graphs import carry_dynamo_attributes, copy_module
+from optimus_eqsat.fxvocab.symbolic import symbolic_value
+from optimus_eqsat.report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -250,7 +251,7 @@ def _unpickled_graph(data: bytes) -> torch.fx.Graph:
 
 def _restore(stored: StoredProgram, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
              ) -> torch.fx.GraphModule:
-    from .rebuild import propagate_meta
+    from optimus_eqsat.rebuild import propagate_meta
 
     graph = _unpickled_graph(stored.nodes)
     inputs = {n.name: n for n in gm.graph.nodes}
@@ -328,7 +329,7 @@ def store_decision(key: str | None, measured: Any) -> None:
     that could not time here (collectives, fake tensors), which a later call may time."""
     if key is None or measured is None:
         return
-    from .guard import NOTHING_TO_TIME
+    from optimus_eqsat.guard import NOTHING_TO_TIME
 
     if measured.rounds or measured.reason.startswith(NOTHING_TO_TIME):
         DECISIONS.put(key, StoredDecision(measured.kept, measured))

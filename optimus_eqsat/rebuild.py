@@ -20,8 +20,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from .egraph_export import ClassRef, ExportedEGraph, TermNode
-from .fxvocab import (
+from optimus_eqsat.checkpoint_regions import region_tags
+from optimus_eqsat.egraph_export import ClassRef, ExportedEGraph, TermNode
+from optimus_eqsat.fx_graphs import carry_dynamo_attributes
+from optimus_eqsat.fxvocab import (
     ALIASING_OPS,
     FAST_META_VIEW_FUNCTIONS,
     FAST_META_VIEW_METHODS,
@@ -33,12 +35,10 @@ from .fxvocab import (
     node_tensor_infos,
     target_name,
 )
-from .checkpoint_regions import region_tags
-from .fx_graphs import carry_dynamo_attributes
-from .fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
-from .rebuild_sizes import SizeWriter
-from .term import CTORS, OP_CTORS
-from .translate import Translation
+from optimus_eqsat.fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
+from optimus_eqsat.rebuild_sizes import SizeWriter
+from optimus_eqsat.term import CTORS, OP_CTORS
+from optimus_eqsat.translate import Translation
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +340,7 @@ class Rebuilder:
         return self.sizes.expand_sizes(args[1], self.eg.shapes.get(args[0].index))
 
     def _emit_scalar(self, key: str, x: ClassRef, c: float) -> torch.fx.Node:
-        value, g = _scalar(c), self.graph
+        value = _scalar(c)
         reversed_ops = {"rdiv": operator.truediv, "rpow": operator.pow}
         if key in reversed_ops:
             return self._call(reversed_ops[key], (value, self.of_class[x.index]))

@@ -13,13 +13,14 @@ holds it (one node per symbol and expression, shared by all users).
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
 import torch.fx
 
-from .fxvocab.symbolic import SymbolicSizes, is_symbolic
+from optimus_eqsat.fxvocab.symbolic import SymbolicSizes, is_symbolic
 
 Size = Any  # an int or an FX node that computes the size
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from . import rewrites
-from .saturate import check_ruleset
+from optimus_eqsat import rewrites
+from optimus_eqsat.saturate import check_ruleset
 
 DEFAULT_RULESETS = ("splitcat", "algebraic", "batching")
 
@@ -30,7 +30,7 @@ def checked_rule_files(paths: Iterable[str | Path], check_rules: bool = True) ->
     for ruleset in loaded:
         check_ruleset(ruleset, shipped)
         if check_rules:
-            from .rule_check import refuse_unsound
+            from optimus_eqsat.rule_check import refuse_unsound
 
             refuse_unsound(ruleset)
     return loaded

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
-from .report import OptimizeReport
+from optimus_eqsat.report import OptimizeReport
 
 
 @contextmanager

@@ -22,14 +22,14 @@ import functools
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Iterable, Sequence
 
-from .rewrites import RuleFileError, RuleSet, shape_rules
-from .rewrites.backoff import BackoffScheduler, SplitFamily, split_family
-from .rewrites.schedule import Backoff, compose
-from .term import Fact, egglog_declarations
+from optimus_eqsat.rewrites import RuleFileError, RuleSet, shape_rules
+from optimus_eqsat.rewrites.backoff import BackoffScheduler, SplitFamily, split_family
+from optimus_eqsat.rewrites.schedule import Backoff, compose
+from optimus_eqsat.term import Fact, egglog_declarations
 
 # Facts are parsed in small batches: egglog's parse time grows faster than
 # linearly with program length (1,000 facts: 0.43 s; 100: 0.007 s), and one

@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import nn
 
-from .fxvocab.names import canonical_name
-from .parameter_cache import packable_work
+from optimus_eqsat.fxvocab.names import canonical_name
+from optimus_eqsat.parameter_cache import packable_work
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
     ``model`` (``options`` go to :func:`optimus_eqsat.optimize_graph`), before tied or
     aliased parameters are left out. ``kind``: "cat", "stack", or "stack-t" for a stack of
     2-D parameters that the program only reads with its last two dims swapped."""
-    from .backend import BACKEND_MIN_GAIN
+    from optimus_eqsat.backend import BACKEND_MIN_GAIN
 
     options = {"mode": "training", "min_gain": BACKEND_MIN_GAIN, **options}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -137,10 +138,10 @@ def _program_with_stored_stacks(gm: fx.GraphModule, inputs: list[Any], options: 
     stored (ple: 10 cats of 46 parameters, against 16 stacks of 88 priced so). None when the
     optimizer fails or keeps the original; the compile of the stacked model then prices its
     own program, where reading a stack is a view, and the backend measures it."""
-    from .api import OptimizationRun
-    from .objective import Objective
-    from .options import OptimizeOptions
-    from .run_support import gc_paused
+    from optimus_eqsat.api import OptimizationRun
+    from optimus_eqsat.objective import Objective
+    from optimus_eqsat.options import OptimizeOptions
+    from optimus_eqsat.run_support import gc_paused
 
     opts = OptimizeOptions.from_kwargs(**options)
     run = OptimizationRun(gm, inputs, opts)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import enum
 import typing
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Callable, ClassVar, Iterable, Sequence, Union as _Union
+from typing import ClassVar
+from typing import Union as _Union
 
 import torch
 
@@ -253,7 +255,7 @@ class MapUnary(ListTerm):
     items: ListTerm
 
 
-AnyTerm = _Union[Term, ListTerm]
+AnyTerm = _Union[Term, ListTerm]  # noqa: UP007 (Union is a term of the language here)
 # Tensor constructors other than Slice (rules written per constructor read these).
 NON_SLICE_TENSOR_CTORS = tuple(c for c in CTORS.values() if c.output == "Tensor" and c.role is not Role.NAMING
                                and c.name != "Slice")
@@ -354,7 +356,7 @@ class ListFacts:
         return f"(set (ldim {render(self.name)}) {self.dim})\n(set (lsize {render(self.name)}) {self.size})"
 
 
-Fact = _Union[Union, KnownShape, ListFacts]
+Fact = _Union[Union, KnownShape, ListFacts]  # noqa: UP007
 
 
 # ---------------------------------------------------------------- long lists

@@ -33,28 +33,28 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import normalize
-from .fxvocab import (  # noqa: F401  (re-exported)
+from optimus_eqsat import normalize
+from optimus_eqsat.dropout_draws import keeps_rng_order
+from optimus_eqsat.fxvocab import (  # noqa: F401  (re-exported)
     ALIASING_OPS,
     RANDOM_OPS,
     ExampleInputError,
     canonical_name,
     check_example_inputs,
-    node_values,
     memory_order,
+    node_values,
     record_shapes,
 )
-from .fxvocab.mutation import (  # noqa: F401
+from optimus_eqsat.fxvocab.mutation import (  # noqa: F401
     inplace_position,
     is_mutating,
     running_stats_written,
     written_inputs,
 )
-from .dropout_draws import keeps_rng_order
-from .fxvocab.symbolic import SymbolicSizes
-from .normalize import HANDLERS, MODULE_OPS, Unsupported, bind
-from .opspec import OpRegistry, OpSpec, Slot
-from .term import (
+from optimus_eqsat.fxvocab.symbolic import SymbolicSizes
+from optimus_eqsat.normalize import HANDLERS, MODULE_OPS, Unsupported, bind
+from optimus_eqsat.opspec import OpRegistry, OpSpec, Slot
+from optimus_eqsat.term import (
     Fact,
     Id,
     KnownShape,
@@ -70,7 +70,7 @@ from .term import (
     Union,
     cons_list,
 )
-from .tuple_ops import TUPLE_OPS
+from optimus_eqsat.tuple_ops import TUPLE_OPS
 
 log = logging.getLogger(__name__)
 

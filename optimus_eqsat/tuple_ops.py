@@ -23,9 +23,9 @@ from typing import Any
 
 import torch.fx
 
-from .fxvocab import OP_KINDS, canonical_name
-from .opspec import OpSpec, _fill
-from .term import Op1, Op2, Op3, Term
+from optimus_eqsat.fxvocab import OP_KINDS, canonical_name
+from optimus_eqsat.opspec import OpSpec, _fill
+from optimus_eqsat.term import Op1, Op2, Op3, Term
 
 __all__ = ["TUPLE_OPS", "TupleItemSpec", "h_tuple_op", "tuple_item_specs"]
 
@@ -33,7 +33,7 @@ __all__ = ["TUPLE_OPS", "TupleItemSpec", "h_tuple_op", "tuple_item_specs"]
 TUPLE_OPS = frozenset({"var_mean", "std_mean", "native_layer_norm", "native_layer_norm_backward", "aminmax"})
 
 # graph -> (op, target, args, kwargs, operand nodes) -> the one node computing the tuple
-_PRODUCERS: "weakref.WeakKeyDictionary[torch.fx.Graph, dict[tuple, torch.fx.Node]]" = weakref.WeakKeyDictionary()
+_PRODUCERS: weakref.WeakKeyDictionary[torch.fx.Graph, dict[tuple, torch.fx.Node]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import generated
+from optimus_eqsat.rewrites import generated
 
 _HERE = Path(__file__).resolve().parent
 

@@ -11,10 +11,10 @@ others (:meth:`SplitFamily.without`, declared on first use).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
-from .schedule import Backoff
+from optimus_eqsat.rewrites.schedule import Backoff
 
 
 @dataclass(frozen=True)

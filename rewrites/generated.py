@@ -6,7 +6,7 @@ insert dims are written out per rank here instead of by hand.
 
 from __future__ import annotations
 
-from ..term import NON_SLICE_TENSOR_CTORS
+from optimus_eqsat.term import NON_SLICE_TENSOR_CTORS
 
 MAX_RANK = 5  # recommendation and transformer graphs stay at rank <= 4; 5 leaves room
 

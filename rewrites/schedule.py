@@ -41,10 +41,10 @@ they are walks saturated inside every step, fed by the family rules.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
-from . import RuleSet
+from optimus_eqsat.rewrites import RuleSet
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,13 @@ here are O(1), where reassociation moves results by a few ulps.
 from __future__ import annotations
 
 import pytest
-
-from optimus_eqsat.term import Unary
 import torch
 import torch.nn.functional as F
 
 from optimus_eqsat import rewrites
+from optimus_eqsat.term import Unary
 from optimus_eqsat.translate import translate
 from tests.helpers import op_counts, optimize_and_check
-
 
 # The rules under test, without the batching family (tested on its own): every
 # run here must saturate, which shows the algebraic rules terminate.

@@ -155,8 +155,8 @@ def test_inductor_failure_on_the_optimized_graph_falls_back_to_the_original(monk
 
 
 def test_dynamo_restart_signals_pass_through_the_backend(monkeypatch):
-    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
     import torch._inductor.compile_fx as cfx
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 
     def restarting_compile_fx(gm, example_inputs, **_kwargs):
         raise TensorifyScalarRestartAnalysis()  # empty message, as Inductor raises it

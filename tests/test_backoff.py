@@ -8,11 +8,11 @@ import egglog.bindings as eb
 
 from benchmarks.synthetic import split_cat_chain
 from optimus_eqsat import rewrites
+from optimus_eqsat.rewrites.backoff import BackoffScheduler, split_family
+from optimus_eqsat.rewrites.schedule import Backoff, compose
 from optimus_eqsat.rulesets import select_rulesets
 from optimus_eqsat.saturate import EGraphSession, Limits, StopReason
 from optimus_eqsat.translate import translate
-from optimus_eqsat.rewrites.backoff import BackoffScheduler, split_family
-from optimus_eqsat.rewrites.schedule import Backoff, compose
 
 SMALL = Backoff(matches_per_fx_node=0, min_match_limit=10, ban_length=2, growth=2)
 

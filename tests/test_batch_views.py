@@ -118,7 +118,7 @@ def _evaluate(term, tensors: dict, facts: list, registry) -> torch.Tensor:
             spec = registry.specs[t.op]
             return spec.target(value(t.x), *spec.args[1:])
         if isinstance(t, Cat):
-            items, dim, cell = [], None, t.items
+            items, cell = [], t.items
             while not isinstance(cell, TNil):
                 cell = named[cell] if isinstance(cell, LId) else cell
                 if isinstance(cell, TCons):

@@ -3,11 +3,10 @@ and forward and gradients against eager."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import pytest
 
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.api import OptimizationRun, OptimizeOptions

@@ -6,16 +6,15 @@ the last test checks that it is not built otherwise."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-import pytest
-
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.api import OptimizationRun, OptimizeOptions
-from tests.helpers import assert_same_numerics, op_counts
+from tests.helpers import assert_same_numerics
 
 ROWS = (10, 7, 13, 5)
 

@@ -8,8 +8,16 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from optimus_eqsat.extract.cost_model import (PROFILES, DeviceProfile, KernelKind as K, get_profile, kernel_costs,
-                                              kernel_time, profile_for_inputs, step_seconds)
+from optimus_eqsat.extract.cost_model import (
+    PROFILES,
+    DeviceProfile,
+    get_profile,
+    kernel_costs,
+    kernel_time,
+    profile_for_inputs,
+    step_seconds,
+)
+from optimus_eqsat.extract.cost_model import KernelKind as K
 from optimus_eqsat.extract.fx_cost import (
     classify_node,
     predict_kernels,
@@ -18,7 +26,6 @@ from optimus_eqsat.extract.fx_cost import (
     predicted_time,
 )
 from optimus_eqsat.inductor_count import capture_dynamo_graphs
-
 
 # ---------------------------------------------------------------- profiles
 
@@ -453,8 +460,13 @@ def test_list_cells_repriced_by_the_lists_the_extraction_chose():
     under the first pricing; repriced by the chosen list, its cells past the 8th pay, and the
     9th from the end pays the ConcatKernel's launch."""
     from optimus_eqsat.egraph_export import ClassRef, TermNode
-    from optimus_eqsat.extract.egraph_cost import (CELL_LAUNCH_SHARE, VIEW_COST, EGraphCost, chosen_list_lengths,
-                                                   reprice_cells)
+    from optimus_eqsat.extract.egraph_cost import (
+        CELL_LAUNCH_SHARE,
+        VIEW_COST,
+        EGraphCost,
+        chosen_list_lengths,
+        reprice_cells,
+    )
 
     eg, head = _list_egraph(12, False)
     nil = 2

@@ -25,7 +25,7 @@ from optimus_eqsat.fx_graphs import predict
 from optimus_eqsat.fxvocab.symbolic import SYMBOL_BASE, SymbolicSizes, is_symbolic
 from optimus_eqsat.kernels.batched_ops import shift_rows
 from optimus_eqsat.objective import Objective
-from tests.helpers import assert_same_numerics, op_counts
+from tests.helpers import assert_same_numerics
 from tests.models import SplitTowers
 
 BATCHES = (1, 7, 256)

@@ -9,11 +9,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from optimus_eqsat.explore import Explorer, ExportMismatch, Picture, SteeringError
-from optimus_eqsat.explore import display
+from optimus_eqsat.explore import Explorer, ExportMismatch, Picture, SteeringError, display
 from optimus_eqsat.explore.rules import rules_of, without_rules
-from optimus_eqsat.explore.sexpr import read_forms
 from optimus_eqsat.rewrites import RuleSet
+from optimus_eqsat.sexpr import read_forms
 
 
 class SplitCat(nn.Module):

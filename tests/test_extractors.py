@@ -572,7 +572,7 @@ def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
     import numpy as np
     from scipy.optimize import milp
 
-    from optimus_eqsat.extract.ilp_model import _Model, _arcs, _hubs, _reach_rows
+    from optimus_eqsat.extract.ilp_model import _arcs, _hubs, _Model, _reach_rows
 
     # X = {cat(L) 0, x 10}; L = {cons(A) 0}; A = {s(X) 0, a 10}: without acyclicity
     # rows the MIP takes the free cycle X -> L -> A -> X.
@@ -613,7 +613,7 @@ def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
 
 
 def test_ilp_search_stops_when_neither_bound_moves():
-    from extract.ilp import _Stall
+    from optimus_eqsat.extract.ilp import _Stall
 
     stalled = _Stall(after=1.0, upper=100.0)
     assert not stalled(0.2, 100.0, 50.0)  # too early
@@ -627,7 +627,7 @@ def test_ilp_search_stops_when_neither_bound_moves():
 
 
 def test_ilp_search_stops_when_it_finds_nothing_beyond_greedy():
-    from extract.ilp import _GiveUp
+    from optimus_eqsat.extract.ilp import _GiveUp
 
     idle = _GiveUp(after=1.0, max_gap=0.3, upper=100.0)
     assert not idle(0.4, float("inf"), 90.0)  # too early

@@ -30,7 +30,8 @@ import copy
 import dataclasses
 import operator
 import os
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -122,7 +123,7 @@ def _eps(t: torch.Tensor) -> float:
     return torch.finfo(t.dtype).eps if t.dtype in (torch.float16, torch.bfloat16) else 0.0
 
 
-def _close(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor], what: str, atol: float = ATOL_OUT) -> None:
+def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str, atol: float = ATOL_OUT) -> None:
     """assert_close with an absolute tolerance relative to the magnitudes; None = zeros.
     Low-precision values get tolerances of a few roundings of their dtype."""
     if expected is None and actual is None:
@@ -153,9 +154,9 @@ def _leaves(inputs: Sequence[Any], state: Sequence[int] = ()) -> list[Any]:
 
 
 def _run(
-    mod: torch.nn.Module, inputs: Sequence[torch.Tensor], params: dict[str, torch.nn.Parameter], upstream: Optional[list],
+    mod: torch.nn.Module, inputs: Sequence[torch.Tensor], params: dict[str, torch.nn.Parameter], upstream: list | None,
     state: Sequence[int] = (), buffers: Sequence[str] = (),
-) -> tuple[list[torch.Tensor], list[Optional[torch.Tensor]], list[Optional[torch.Tensor]], list]:
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list[torch.Tensor | None], list]:
     """Outputs, grads w.r.t. float inputs and w.r.t. ``params``, then the state after the step: the
     ``state`` inputs and ``mod``'s buffers named ``buffers`` (None where it has none of that name), in
     that order. The global generator is seeded with ``RNG_SEED`` first (dropouts draw alike). A checkpoint
@@ -216,14 +217,14 @@ class _RegionsRunOnce(fx.Interpreter):
         return super().run_node(n)
 
 
-def _buffer(mod: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+def _buffer(mod: torch.nn.Module, name: str) -> torch.Tensor | None:
     try:
         return mod.get_buffer(name)
     except AttributeError:
         return None
 
 
-def _as_float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _as_float(t: torch.Tensor | None) -> torch.Tensor | None:
     """A copy of a state tensor to compare (a counter such as num_batches_tracked as a float)."""
     if t is None:
         return None
@@ -301,10 +302,10 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     _compare(g, checks, upstream, result)
 
 
-def _compare(g: GeneratedGraph, checks: list, upstream: list, result: Optional[fx.GraphModule] = None) -> None:
+def _compare(g: GeneratedGraph, checks: list, upstream: list, result: fx.GraphModule | None = None) -> None:
     """Every (actual, expected, what, atol) close; a pair that is not is arbitrated in float64."""
     reference: list = []
-    exact: Optional[bool] = None
+    exact: bool | None = None
     for k, (a, e, what, atol) in enumerate(checks):
         try:
             _close(a, e, what, atol)
@@ -349,7 +350,7 @@ def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, 
     return len(ours) == len(reference)
 
 
-def _float64_reference(g: GeneratedGraph, upstream: list) -> list[Optional[torch.Tensor]]:
+def _float64_reference(g: GeneratedGraph, upstream: list) -> list[torch.Tensor | None]:
     """Outputs, input gradients and parameter gradients of ``g`` run in float64, in
     the order check_optimizer compares them."""
     gm, inputs, ups = _in_float64(g.gm, g.example_inputs, upstream)
@@ -364,8 +365,8 @@ def _in_float64(module: fx.GraphModule, inputs: Sequence[Any], upstream: list) -
     return copy.deepcopy(module).double(), as64, [u.double() if u.is_floating_point() else u for u in upstream]
 
 
-def _no_less_accurate(actual: Optional[torch.Tensor], expected: Optional[torch.Tensor],
-                      exact: Optional[torch.Tensor]) -> bool:
+def _no_less_accurate(actual: torch.Tensor | None, expected: torch.Tensor | None,
+                      exact: torch.Tensor | None) -> bool:
     """The optimized value is at most twice as far from float64 as eager is (plus
     float32 rounding at the value's magnitude, or 8 roundings of a low-precision dtype:
     a reordered bf16 sum rounds differently at every step)."""

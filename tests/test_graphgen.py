@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch

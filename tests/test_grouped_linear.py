@@ -22,7 +22,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import torch
@@ -76,7 +75,7 @@ def _make_groups(
     dtype: torch.dtype = torch.float32,
     requires_grad: bool = False,
     seed: int = 0,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[Optional[torch.Tensor]]]:
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -227,7 +226,7 @@ def test_triton_gradients_match_autograd_of_fallback(triton_cpu: dict[str, int])
     xs[0] = xs[0].detach()  # an input without grad: its dx must not be computed
     cotangents = [torch.randn(m, n) for m, _, n, _ in shapes]
 
-    def run(fn) -> list[Optional[torch.Tensor]]:
+    def run(fn) -> list[torch.Tensor | None]:
         ys = fn(xs, ws, bs)
         leaves = [t for t in (*xs, *ws, *bs) if t is not None and t.requires_grad]
         grads = torch.autograd.grad(sum((y * c).sum() for y, c in zip(ys, cotangents)), leaves)
@@ -417,7 +416,7 @@ def _ptxas_available() -> bool:
     "arch, dtype_name, precision, log_g, has_bias",
     [(90, "float32", "ieee", 3, True), (80, "bfloat16", None, 0, False)],
 )
-def test_kernel_compiles_to_cubin(arch: int, dtype_name: str, precision: Optional[str], log_g: int, has_bias: bool) -> None:
+def test_kernel_compiles_to_cubin(arch: int, dtype_name: str, precision: str | None, log_g: int, has_bias: bool) -> None:
     """The interpreter is lenient; compiling ahead of time for real GPUs (no
     device needed) checks the kernel through Triton's full pipeline to a cubin."""
     import triton

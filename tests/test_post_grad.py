@@ -12,12 +12,10 @@ import logging
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.inductor_count import capture_dynamo_graph
-from optimus_eqsat.postgrad import PostGradPass, graph_role, optimize_aten_graph
-from optimus_eqsat.postgrad import graph_pass
+from optimus_eqsat.postgrad import PostGradPass, graph_pass, graph_role, optimize_aten_graph
 from optimus_eqsat.postgrad.capture import aot_eager_with_pass, aten_graphs
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -6,8 +6,19 @@ import itertools
 
 from optimus_eqsat import rewrites
 from optimus_eqsat.saturate import EGraphSession, Limits
-from optimus_eqsat.term import (MAX_INLINE_LIST, Cat, Fact, Id, KnownShape, Leaf, ListFacts, ListTerm, LId,
-                                Union, cons_list)
+from optimus_eqsat.term import (
+    MAX_INLINE_LIST,
+    Cat,
+    Fact,
+    Id,
+    KnownShape,
+    Leaf,
+    LId,
+    ListFacts,
+    ListTerm,
+    Union,
+    cons_list,
+)
 
 
 def _list_facts(n: int, sizes: list[int] | None) -> tuple[list[Fact], ListTerm]:

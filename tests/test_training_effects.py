@@ -21,7 +21,7 @@ from optimus_eqsat.checkpoint_regions import checkpoint_calls, inline_checkpoint
 from optimus_eqsat.dropout_draws import shared_draw_groups
 from optimus_eqsat.fxvocab import canonical_name
 from optimus_eqsat.inductor_count import capture_dynamo_graph
-from optimus_eqsat.translate import EVERYTHING, translate
+from optimus_eqsat.translate import translate
 
 
 class Experts(nn.Module):

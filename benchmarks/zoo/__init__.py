@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from . import ctr, dlrm, dynamic_schema, multitask, transformer
+from benchmarks.zoo import ctr, dlrm, dynamic_schema, multitask, transformer
 
 InputBuilder = Callable[..., tuple[torch.Tensor, ...]]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
-from .blocks import MLP, CrossLayer, PooledEmbeddings
+from benchmarks.zoo import inputs as build_inputs
+from benchmarks.zoo.blocks import MLP, CrossLayer, PooledEmbeddings
 
 EMB_DIM = 8
 ROWS = 1000

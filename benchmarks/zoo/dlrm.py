@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
-from .blocks import MLP, DotInteraction, PooledEmbeddings
+from benchmarks.zoo import inputs as build_inputs
+from benchmarks.zoo.blocks import MLP, DotInteraction, PooledEmbeddings
 
 DENSE_DIM = 13  # Criteo's 13 dense features
 EMB_DIM = 16

@@ -18,8 +18,8 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
-from .blocks import MLP
+from benchmarks.zoo import inputs as build_inputs
+from benchmarks.zoo.blocks import MLP
 
 FEATURES_PER_SCALE = 20
 WIDTHS = (4, 8, 16)  # feature widths cycle through these: 3 batchable shape classes

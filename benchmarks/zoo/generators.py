@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
-from .dynamic_schema import SEQ_DIM, SEQ_LEN, DynamicSchema, Schema
-from .uniform_towers import UniformTowers
-from .uniform_towers import make_inputs as uniform_inputs
+from benchmarks.zoo import inputs as build_inputs
+from benchmarks.zoo.dynamic_schema import SEQ_DIM, SEQ_LEN, DynamicSchema, Schema
+from benchmarks.zoo.uniform_towers import UniformTowers
+from benchmarks.zoo.uniform_towers import make_inputs as uniform_inputs
 
 
 @dataclass(frozen=True)

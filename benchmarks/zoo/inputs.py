@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .blocks import seeded
+from benchmarks.zoo.blocks import seeded
 
 
 def dense(batch: int, dim: int, seed: int, *extra: int) -> torch.Tensor:

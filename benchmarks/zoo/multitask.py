@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
-from .blocks import ExpertGroup, Gate, PooledEmbeddings, Towers
+from benchmarks.zoo import inputs as build_inputs
+from benchmarks.zoo.blocks import ExpertGroup, Gate, PooledEmbeddings, Towers
 
 DENSE_DIM = 32
 EMB_DIM = 8

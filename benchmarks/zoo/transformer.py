@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
-from .blocks import MLP
+from benchmarks.zoo import inputs as build_inputs
+from benchmarks.zoo.blocks import MLP
 
 SEQ = 16
 DIM = 64

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import inputs as build_inputs
+from benchmarks.zoo import inputs as build_inputs
 
 WIDTH = 16  # columns of every feature
 OUT = 16  # every tower's projection width

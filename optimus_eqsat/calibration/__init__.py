@@ -16,11 +16,11 @@ package ships defaults (``cpu``, ``h200``, ...).
 Command line: ``optimus-eqsat calibrate [--device cpu|cuda] [--dtype ...] [--threads N] [--quick] [--show]``.
 """
 
-from .fit import HostFit, fit_host_costs
-from .profile import CalibratedProfile, MatmulEntry
-from .programs import CalibrationError, Counts
-from .run import calibrate
-from .store import (
+from optimus_eqsat.calibration.fit import HostFit, fit_host_costs
+from optimus_eqsat.calibration.profile import CalibratedProfile, MatmulEntry
+from optimus_eqsat.calibration.programs import CalibrationError, Counts
+from optimus_eqsat.calibration.run import calibrate
+from optimus_eqsat.calibration.store import (
     cache_dir,
     current_profile,
     device_name,

@@ -16,14 +16,14 @@ separate the columns (or the machine was too noisy): the fit is refused
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from scipy.optimize import nnls
 
-from .programs import CalibrationError, Counts
-from .timing import iqr
+from optimus_eqsat.calibration.programs import CalibrationError, Counts
+from optimus_eqsat.calibration.timing import iqr
 
 __all__ = ["HostFit", "fit_host_costs", "COUNT_COLUMNS", "NonsenseFitError"]
 

@@ -130,7 +130,7 @@ class CalibratedProfile:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CalibratedProfile":
+    def from_dict(cls, data: dict[str, Any]) -> CalibratedProfile:
         """Inverse of :meth:`to_dict`; unknown keys (a newer schema's extras) are ignored."""
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
@@ -144,7 +144,7 @@ class CalibratedProfile:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "CalibratedProfile":
+    def from_json(cls, text: str) -> CalibratedProfile:
         return cls.from_dict(json.loads(text))
 
     def save(self, path: str | Path) -> Path:
@@ -154,7 +154,7 @@ class CalibratedProfile:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "CalibratedProfile":
+    def load(cls, path: str | Path) -> CalibratedProfile:
         return cls.from_json(Path(path).read_text())
 
     # -- display ------------------------------------------------------------

@@ -30,13 +30,14 @@ would make every earlier program recompile).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 from unittest import mock
 
 import torch
 
-from ..inductor_count import count_kernels_in_code
+from optimus_eqsat.inductor_count import count_kernels_in_code
 
 __all__ = [
     "Counts",

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .fit import COUNT_COLUMNS, HostFit, NonsenseFitError, fit_host_costs
-from .profile import CalibratedProfile, MatmulEntry
-from .programs import (
+from optimus_eqsat.calibration.fit import COUNT_COLUMNS, HostFit, NonsenseFitError, fit_host_costs
+from optimus_eqsat.calibration.profile import CalibratedProfile, MatmulEntry
+from optimus_eqsat.calibration.programs import (
     HOST_FAMILIES,
     CalibrationError,
     Counts,
@@ -35,14 +35,14 @@ from .programs import (
     compile_program,
     host_program,
     inputs_program,
-    views_program,
-    rows_program,
-    norms_program,
     matmul_program,
+    norms_program,
     pointwise_flops_program,
+    rows_program,
+    views_program,
 )
-from .store import device_name, dtype_name
-from .timing import iqr, time_rounds
+from optimus_eqsat.calibration.store import device_name, dtype_name
+from optimus_eqsat.calibration.timing import iqr, time_rounds
 
 __all__ = ["calibrate", "Plan", "plan_for"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .profile import CalibratedProfile
+from optimus_eqsat.calibration.profile import CalibratedProfile
 
 __all__ = [
     "cache_dir",

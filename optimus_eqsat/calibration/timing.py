@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import math
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch

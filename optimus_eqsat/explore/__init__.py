@@ -13,7 +13,7 @@ and ``egraph_view`` (pictures), ``display`` (offline SVG/HTML), ``verify``.
 
 from __future__ import annotations
 
-from .display import Picture, dot_binary
-from .explorer import Explorer, ExportMismatch, Replacement, SteeringError
+from optimus_eqsat.explore.display import Picture, dot_binary
+from optimus_eqsat.explore.explorer import Explorer, ExportMismatch, Replacement, SteeringError
 
 __all__ = ["Explorer", "Replacement", "SteeringError", "ExportMismatch", "Picture", "dot_binary"]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..egraph_export import ExportedEGraph
-from .display import Picture, html_table, quote
-from .steering import Steering
-from .terms import node_text
+from optimus_eqsat.egraph_export import ExportedEGraph
+from optimus_eqsat.explore.display import Picture, html_table, quote
+from optimus_eqsat.explore.steering import Steering
+from optimus_eqsat.explore.terms import node_text
 
 HIDDEN = {"Id"}  # naming nodes: shown as the class's FX names instead
 

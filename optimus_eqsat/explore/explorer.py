@@ -14,29 +14,30 @@ over-approximation, not a derivation.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 import torch.fx as fx
 
-from ..api import OptimizationRun, OptimizeOptions
-from ..egraph_export import EMITTED, TermNode
-from ..extract.egraph import ExtractionError, dag_cost
-from ..extract.fx_cost import predict_kernels
-from ..fx_graphs import op_count
-from ..rebuild import propagate_meta, rebuild
-from ..rewrites import shape_rules
-from ..term import OP_CTORS
-from . import history as hist
-from .display import Code, Picture, SideBySide, esc, html_table
-from .egraph_view import neighbourhood_picture, parents_index
-from .fx_view import fx_picture
-from .rules import RuleInfo, catalogue, without_rules
-from .steering import Steering
-from .terms import TermIndex, class_names, expression, node_text
-from .verify import ExportMismatch, check_same
+from optimus_eqsat.api import OptimizationRun, OptimizeOptions
+from optimus_eqsat.egraph_export import EMITTED, TermNode
+from optimus_eqsat.explore import history as hist
+from optimus_eqsat.explore.display import Code, Picture, SideBySide, esc, html_table
+from optimus_eqsat.explore.egraph_view import neighbourhood_picture, parents_index
+from optimus_eqsat.explore.fx_view import fx_picture
+from optimus_eqsat.explore.rules import RuleInfo, catalogue, without_rules
+from optimus_eqsat.explore.steering import Steering
+from optimus_eqsat.explore.terms import TermIndex, class_names, expression, node_text
+from optimus_eqsat.explore.verify import ExportMismatch, check_same
+from optimus_eqsat.extract.egraph import ExtractionError, dag_cost
+from optimus_eqsat.extract.fx_cost import predict_kernels
+from optimus_eqsat.fx_graphs import op_count
+from optimus_eqsat.rebuild import propagate_meta, rebuild
+from optimus_eqsat.rewrites import shape_rules
+from optimus_eqsat.term import OP_CTORS
 
 __all__ = ["Explorer", "SteeringError", "ExportMismatch"]
 
@@ -96,7 +97,7 @@ class Explorer:
         for name in ("terms", "names", "parents", "originals"):
             self.__dict__.pop(name, None)
 
-    def reextract(self, extractor: str | None = None) -> "Explorer":
+    def reextract(self, extractor: str | None = None) -> Explorer:
         """Extract again from the same e-graph (no re-saturation), honouring pins and forbids.
 
         ``extractor``: "greedy", "ilp" or "auto" (default: the run's option).
@@ -228,7 +229,7 @@ class Explorer:
         nested = self.terms.original_choice(i)
         return self._text(c, {**self.choice, **dict(nested)}, depth=2) if nested else "(not found)"
 
-    def replaced(self, name: str | fx.Node) -> "Replacement":
+    def replaced(self, name: str | fx.Node) -> Replacement:
         """What the current program computes in place of FX node ``name``."""
         name = name.name if isinstance(name, fx.Node) else name
         c = self.eclass(name)
@@ -313,7 +314,7 @@ class Explorer:
         return frame.sort_values("alternatives", ascending=False, kind="stable").head(top).set_index("node")
 
     # ------------------------------------------------------------------ steering
-    def _steer(self, change) -> "Explorer":
+    def _steer(self, change) -> Explorer:
         saved = Steering(dict(self.steering.pins), {c: set(v) for c, v in self.steering.forbids.items()})
         change()
         try:
@@ -322,25 +323,25 @@ class Explorer:
             self.steering = saved
             raise SteeringError(f"no valid program with this steering ({exc}); steering change undone") from exc
 
-    def pin(self, target: Target, node: int | str) -> "Explorer":
+    def pin(self, target: Target, node: int | str) -> Explorer:
         """Force e-node ``node`` (index in :meth:`alternatives`, or "original") for a class; re-extracts."""
         c = self.eclass(target)
         k = self._node_index(c, node, target)
         return self._steer(lambda: self.steering.pin(c, k))
 
-    def forbid(self, target: Target, node: int | str) -> "Explorer":
+    def forbid(self, target: Target, node: int | str) -> Explorer:
         """Never choose e-node ``node`` of a class; re-extracts."""
         c = self.eclass(target)
         k = self._node_index(c, node, target)
         return self._steer(lambda: self.steering.forbid(c, k))
 
-    def clear_steering(self, target: Target | None = None) -> "Explorer":
+    def clear_steering(self, target: Target | None = None) -> Explorer:
         """Drop all pins and forbids (or those of one class) and re-extract."""
         c = None if target is None else self.eclass(target)
         self.steering.clear(c)
         return self.reextract(self.steered_extractor)
 
-    def ban_rule(self, *names: str) -> "Explorer":
+    def ban_rule(self, *names: str) -> Explorer:
         """Re-saturate from scratch without the named rules (cost: a whole new saturation).
 
         The rule programs are re-read with those rules cut out; translation,
@@ -359,7 +360,7 @@ class Explorer:
         self._saturate()
         return self
 
-    def unban_rules(self) -> "Explorer":
+    def unban_rules(self) -> Explorer:
         """Re-saturate with every rule back."""
         self.banned.clear()
         self.steering = Steering()

@@ -8,12 +8,12 @@ every kernel (views, inputs, free cats) are drawn dashed. Parameters
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch.fx as fx
 
-from .. import fxvocab
-from .display import Picture, esc, html_table, quote
+from optimus_eqsat import fxvocab
+from optimus_eqsat.explore.display import Picture, esc, html_table, quote
 
 KIND_COLOURS = {
     "matmul": "#fbd3c0", "pointwise": "#cfe5f2", "reduction": "#ddd7ee", "cat": "#fdf0c8",

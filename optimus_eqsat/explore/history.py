@@ -9,11 +9,11 @@ import pandas as pd
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ..saturate import SaturationReport
-    from .rules import RuleInfo
+    from optimus_eqsat.explore.rules import RuleInfo
+    from optimus_eqsat.saturate import SaturationReport
 
 
-def history_frame(sat: "SaturationReport", final_eclasses: int | None = None) -> pd.DataFrame:
+def history_frame(sat: SaturationReport, final_eclasses: int | None = None) -> pd.DataFrame:
     """One row per iteration: e-nodes, seconds, total matches, rules that fired.
 
     ``eclasses`` is filled where the saturation report records it per
@@ -37,7 +37,7 @@ def history_frame(sat: "SaturationReport", final_eclasses: int | None = None) ->
     return frame.set_index("iteration")
 
 
-def matches_frame(sat: "SaturationReport") -> pd.DataFrame:
+def matches_frame(sat: SaturationReport) -> pd.DataFrame:
     """Iterations x rules: matches of each rule in each iteration (rules that ever fired)."""
     data = {h["iteration"]: h.get("matches", {}) for h in sat.history}
     frame = pd.DataFrame.from_dict(data, orient="index").fillna(0).astype(int)
@@ -46,7 +46,7 @@ def matches_frame(sat: "SaturationReport") -> pd.DataFrame:
     return frame[sorted(frame.columns, key=lambda r: -frame[r].sum())]
 
 
-def rules_frame(sat: "SaturationReport", catalogue: dict[str, "RuleInfo"], banned: set[str] = frozenset()) -> pd.DataFrame:
+def rules_frame(sat: SaturationReport, catalogue: dict[str, RuleInfo], banned: set[str] = frozenset()) -> pd.DataFrame:
     """One row per rule: family, matches, seconds, what it builds; sorted by matches."""
     names = set(catalogue) | set(sat.rule_matches) | set(sat.rule_seconds) | set(banned)
     rows = []
@@ -66,7 +66,7 @@ def rules_frame(sat: "SaturationReport", catalogue: dict[str, "RuleInfo"], banne
     return frame.sort_values(["matches", "seconds", "rule"], ascending=[False, False, True]).set_index("rule")
 
 
-def plot_history(sat: "SaturationReport", top: int = 8) -> "Figure":
+def plot_history(sat: SaturationReport, top: int = 8) -> Figure:
     """E-nodes per iteration (left) and matches per iteration of the ``top`` rules (right)."""
     import matplotlib.pyplot as plt
 
@@ -88,7 +88,7 @@ def plot_history(sat: "SaturationReport", top: int = 8) -> "Figure":
     return fig
 
 
-def plot_rules(rules: pd.DataFrame, top: int = 20) -> "Figure":
+def plot_rules(rules: pd.DataFrame, top: int = 20) -> Figure:
     """Horizontal bars: matches and seconds of the ``top`` rules by matches."""
     import matplotlib.pyplot as plt
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..rewrites import RuleSet
-from .sexpr import heads, keyword, read_forms
+from optimus_eqsat.rewrites import RuleSet
+from optimus_eqsat.sexpr import heads, keyword, read_forms
 
 _RULE_FORMS = ("rewrite", "birewrite", "rule")
 

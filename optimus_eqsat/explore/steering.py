@@ -10,10 +10,10 @@ renumbers classes; the explorer clears steering then).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from ..egraph_export import ExportedEGraph, TermNode
+from optimus_eqsat.egraph_export import ExportedEGraph, TermNode
 
 Cost = Callable[[int, TermNode], float]
 

@@ -8,11 +8,11 @@ by side.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
-from ..egraph_export import ClassRef, ExportedEGraph, TermNode
-from ..translate import Translation
-from ..term import CTORS, OP_CTORS, Id, ListTerm, Term
+from optimus_eqsat.egraph_export import ClassRef, ExportedEGraph, TermNode
+from optimus_eqsat.term import CTORS, OP_CTORS, Id, ListTerm, Term
+from optimus_eqsat.translate import Translation
 
 MAX_LIST_SHOWN = 8
 

@@ -17,7 +17,7 @@ these; none keeps a list of its own.
 
 from __future__ import annotations
 
-from .meta import (
+from optimus_eqsat.fxvocab.meta import (
     SHAPE_META,
     ExampleInputError,
     TensorInfo,
@@ -30,8 +30,8 @@ from .meta import (
     record_shapes,
     tensor_infos,
 )
-from .names import call_name, canonical_name, op_label, target_name
-from .ops import (
+from optimus_eqsat.fxvocab.names import call_name, canonical_name, op_label, target_name
+from optimus_eqsat.fxvocab.ops import (
     ALIASING_OPS,
     ALLOCATION_OPS,
     CAT_OPS,

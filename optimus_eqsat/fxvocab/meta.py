@@ -12,16 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import unittest.mock
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.node import map_aggregate
 
-from .mutation import written_attributes
-from .symbolic import concrete_inputs, size_hint
+from optimus_eqsat.fxvocab.mutation import written_attributes
+from optimus_eqsat.fxvocab.symbolic import concrete_inputs, size_hint
 
 log = logging.getLogger("optimus_eqsat")
 

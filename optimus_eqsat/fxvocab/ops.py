@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..extract.cost_model import KernelKind
+from optimus_eqsat.fxvocab.kinds import KernelKind
 
 K = KernelKind
 

@@ -22,8 +22,9 @@ concrete size can be (:data:`SYMBOL_BASE` minus its index).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import sympy
 import torch

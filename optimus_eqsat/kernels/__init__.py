@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from optimus_eqsat.kernels.grouped_linear import (
     OP_NAME as GROUPED_LINEAR_OP_NAME,
+)
+from optimus_eqsat.kernels.grouped_linear import (
     TRITON_CPU_ENV,
     GroupedLinearOptions,
     grouped_linear,

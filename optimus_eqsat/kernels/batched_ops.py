@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .grouped_linear import grouped_linear
+from optimus_eqsat.kernels.grouped_linear import grouped_linear
 
 
 def shift_segments(idx: torch.Tensor, starts: tuple[int, ...], rows: tuple[int, ...]) -> torch.Tensor:

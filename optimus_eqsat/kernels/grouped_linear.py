@@ -50,7 +50,6 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +79,7 @@ class GroupedLinearOptions:
 options = GroupedLinearOptions()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_impl():
     """The Triton implementation module, or None when triton cannot be imported."""
     try:
@@ -117,7 +116,7 @@ def triton_path_enabled(device: torch.device | str) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_interpreter_unusable(interpret_env_on: bool) -> None:
     # Cached: warn once per situation, not on every call of a hot op.
     why = (
@@ -133,7 +132,7 @@ def _warn_interpreter_unusable(interpret_env_on: bool) -> None:
     )
 
 
-def _bias_or_none(b: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _bias_or_none(b: torch.Tensor | None) -> torch.Tensor | None:
     """Map the op's "no bias" marker (an empty tensor) to None."""
     return None if b is None or b.numel() == 0 else b
 
@@ -141,7 +140,7 @@ def _bias_or_none(b: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def _check_groups(
     xs: Sequence[torch.Tensor],
     ws: Sequence[torch.Tensor],
-    bs: Sequence[Optional[torch.Tensor]],
+    bs: Sequence[torch.Tensor | None],
 ) -> None:
     """Validate shapes like F.linear would, with the group index in the message."""
     if not (len(xs) == len(ws) == len(bs)):
@@ -174,7 +173,7 @@ def _out_shape(x: torch.Tensor, w: torch.Tensor) -> tuple[int, ...]:
 def _fallback(
     xs: Sequence[torch.Tensor],
     ws: Sequence[torch.Tensor],
-    bs: Sequence[Optional[torch.Tensor]],
+    bs: Sequence[torch.Tensor | None],
 ) -> list[torch.Tensor]:
     """One F.linear per group. ``.contiguous()`` keeps strides equal to the fake impl's."""
     return [F.linear(x, w, b).contiguous() for x, w, b in zip(xs, ws, bs)]
@@ -183,7 +182,7 @@ def _fallback(
 def _grouped_linear_impl(
     xs: Sequence[torch.Tensor],
     ws: Sequence[torch.Tensor],
-    bs: Sequence[Optional[torch.Tensor]],
+    bs: Sequence[torch.Tensor | None],
 ) -> list[torch.Tensor]:
     """Dispatch groups to the Triton kernel where possible, else to F.linear."""
     _check_groups(xs, ws, bs)
@@ -201,7 +200,7 @@ def _grouped_linear_impl(
     # Bucket the groups the kernel handles by dtype (one launch per bucket;
     # a real model has one). Mixed-dtype groups keep F.linear's semantics
     # (including its error) through the fallback.
-    out: list[Optional[torch.Tensor]] = [None] * len(xs)
+    out: list[torch.Tensor | None] = [None] * len(xs)
     buckets: dict[torch.dtype, list[int]] = {}
     rest: list[int] = []
     for i, (x, w, b) in enumerate(zip(xs, ws, bs)):
@@ -270,16 +269,16 @@ def _setup_context(ctx, inputs: tuple, output: list[torch.Tensor]) -> None:
     ctx.empty_b = [b.requires_grad and b.numel() == 0 for b in bs]
 
 
-def _backward(ctx, grads: list[Optional[torch.Tensor]]):
+def _backward(ctx, grads: list[torch.Tensor | None]):
     """All requested dx, dw, db through one further grouped_linear call."""
     G = ctx.num_groups
     saved = ctx.saved_tensors
     xs, ws = saved[:G], saved[G:]
     need_x, need_w, need_b = ctx.need_x, ctx.need_w, ctx.need_b
 
-    dxs: list[Optional[torch.Tensor]] = [None] * G
-    dws: list[Optional[torch.Tensor]] = [None] * G
-    dbs: list[Optional[torch.Tensor]] = [None] * G
+    dxs: list[torch.Tensor | None] = [None] * G
+    dws: list[torch.Tensor | None] = [None] * G
+    dbs: list[torch.Tensor | None] = [None] * G
     # jobs[j] = (kind, group); gradient j is linear(lhs[j], rhs[j]).
     jobs: list[tuple[str, int]] = []
     lhs: list[torch.Tensor] = []
@@ -325,7 +324,7 @@ _grouped_linear_op.register_autograd(_backward, setup_context=_setup_context)
 def grouped_linear(
     xs: Sequence[torch.Tensor],
     ws: Sequence[torch.Tensor],
-    bs: Optional[Sequence[Optional[torch.Tensor]]] = None,
+    bs: Sequence[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor]:
     """Compute ``[F.linear(x_i, w_i, b_i) for each group i]`` with one launch.
 

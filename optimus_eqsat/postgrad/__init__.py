@@ -8,6 +8,6 @@
   pass (tests, the fuzzer, studies).
 """
 
-from .graph_pass import PostGradPass, graph_role, optimize_aten_graph
+from optimus_eqsat.postgrad.graph_pass import PostGradPass, graph_role, optimize_aten_graph
 
 __all__ = ["PostGradPass", "graph_role", "optimize_aten_graph"]

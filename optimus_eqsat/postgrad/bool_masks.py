@@ -40,7 +40,7 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..inductor_compat import first_line, is_dynamo_signal
+from optimus_eqsat.inductor_compat import first_line, is_dynamo_signal
 
 __all__ = ["RecomputeMasks", "recomputable_masks"]
 

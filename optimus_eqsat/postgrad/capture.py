@@ -10,7 +10,8 @@ this way, forward and backward, in seconds instead of an Inductor compile.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx

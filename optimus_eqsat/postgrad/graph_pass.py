@@ -30,33 +30,27 @@ import torch
 import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from ..api import OptimizeOptions, optimize_graph
-from ..extract.cost_model import profile_for_inputs
-from ..fx_graphs import copy_module
-from ..inductor_compat import first_line, is_dynamo_signal, turn_off_inplace_buffers
-from ..report import OptimizeReport
-from .lowering import fake_inputs, lower_to_aten, splice
+from optimus_eqsat.api import OptimizeOptions, optimize_graph
+from optimus_eqsat.disk_cache import source_roots
+from optimus_eqsat.extract.cost_model import profile_for_inputs
+from optimus_eqsat.fx_graphs import copy_module
+from optimus_eqsat.inductor_compat import first_line, is_dynamo_signal, turn_off_inplace_buffers
+from optimus_eqsat.postgrad.lowering import fake_inputs, lower_to_aten, splice
+from optimus_eqsat.report import OptimizeReport
 
 log = logging.getLogger("optimus_eqsat")
 
 __all__ = ["PostGradPass", "optimize_aten_graph", "graph_role", "source_files"]
 
-_PACKAGE = Path(__file__).resolve().parent.parent
-
-
 def source_files(rule_files: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Every file whose content decides what the pass writes: the package's Python
-    sources, rule files and calibration profiles (also rewrites/ and extract/ of a
-    checkout, which the package path reaches), and the user's rule files."""
-    import optimus_eqsat
-
+    sources, rule files and calibration profiles (rewrites/ and extract/ included), and the
+    user's rule files."""
     files: set[str] = set()
-    for root in {Path(p).resolve() for p in optimus_eqsat.__path__}:
-        patterns = ("**/*",) if root == _PACKAGE else ("rewrites/**/*", "extract/**/*")
-        for pattern in patterns:
-            for path in root.glob(pattern):
-                if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts:
-                    files.add(str(path))
+    for root in source_roots():
+        for path in root.rglob("*"):
+            if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts:
+                files.add(str(path.resolve()))
     return tuple(sorted(files)) + tuple(str(Path(f).resolve()) for f in rule_files)
 
 

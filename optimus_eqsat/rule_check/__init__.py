@@ -14,8 +14,15 @@ version on every user rule file (``check_rules=False`` skips it). Command
 line: ``optimus-eqsat check-rules FILE.egg``.
 """
 
-from .check import (Counterexample, RuleVerdict, UnsoundRuleError, check_program, check_rules, refuse_unsound,
-                    verdict_table)
+from optimus_eqsat.rule_check.check import (
+                    Counterexample,
+                    RuleVerdict,
+                    UnsoundRuleError,
+                    check_program,
+                    check_rules,
+                    refuse_unsound,
+                    verdict_table,
+)
 
 __all__ = ["check_rules", "check_program", "refuse_unsound", "RuleVerdict", "Counterexample", "UnsoundRuleError",
            "verdict_table"]

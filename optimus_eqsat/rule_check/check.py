@@ -15,19 +15,27 @@ import functools
 import logging
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
-from ..rewrites import RuleFileError, RuleSet, builtin_rulesets, shape_rules
-from ..run_support import single_thread
-from ..term import CTORS
-from .compare import describe, difference, dtype_name, kind
-from .instance import Instance
-from .logic import Call, Goal, Node, Scope, Solver
-from .meaning import TV, Invalid, ListVal, NotCheckable
-from .program import IGNORED_ACTIONS, ROOT, SEMANTIC_FUNCTIONS, Program, Rule, environment, read_program
-from .sampling import SampleSpace
+from optimus_eqsat.rewrites import RuleFileError, RuleSet, builtin_rulesets, shape_rules
+from optimus_eqsat.rule_check.compare import describe, difference, dtype_name, kind
+from optimus_eqsat.rule_check.instance import Instance
+from optimus_eqsat.rule_check.logic import Call, Goal, Node, Scope, Solver
+from optimus_eqsat.rule_check.meaning import TV, Invalid, ListVal, NotCheckable
+from optimus_eqsat.rule_check.program import (
+    IGNORED_ACTIONS,
+    ROOT,
+    SEMANTIC_FUNCTIONS,
+    Program,
+    Rule,
+    environment,
+    read_program,
+)
+from optimus_eqsat.rule_check.sampling import SampleSpace
+from optimus_eqsat.run_support import single_thread
+from optimus_eqsat.term import CTORS
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -81,7 +89,7 @@ class UnsoundRuleError(RuleFileError):
 
 def shipped_programs() -> list[str]:
     """The programs whose relations and facts a rule may read: language, shapes, shipped families."""
-    from ..saturate import LANGUAGE
+    from optimus_eqsat.saturate import LANGUAGE
 
     return [LANGUAGE, shape_rules().program, *(r.program for r in builtin_rulesets().values())]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .meaning import TV, Invalid, ListVal, concat
+from optimus_eqsat.rule_check.meaning import TV, Invalid, ListVal, concat
 
 # torch.testing's defaults per dtype: (rtol, atol)
 _TOLERANCES = {torch.float64: (1e-7, 1e-7), torch.float32: (1.3e-6, 1e-5),

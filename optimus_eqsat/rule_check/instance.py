@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import torch
 
-from ..term import CTORS
-from .logic import Call, Goal, Lit, Node, Var
-from .meaning import PRIMITIVES, SAMPLE_OPS, TV, Invalid, ListVal, NotCheckable, apply_ctor, apply_view, op_meaning
-from .sampling import SampleSpace
+from optimus_eqsat.rule_check.logic import Call, Goal, Lit, Node, Var
+from optimus_eqsat.rule_check.meaning import (
+    PRIMITIVES,
+    SAMPLE_OPS,
+    TV,
+    Invalid,
+    ListVal,
+    NotCheckable,
+    apply_ctor,
+    apply_view,
+    op_meaning,
+)
+from optimus_eqsat.rule_check.sampling import SampleSpace
+from optimus_eqsat.term import CTORS
 
 _OPS = frozenset({"Unary", "Binary", "Scalar", "Op1", "Op2", "Op3"})
 

@@ -19,9 +19,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from ..term import CTORS
-from .meaning import PRIMITIVES, NotCheckable
-from .program import SEMANTIC_FUNCTIONS, Derivation, Program
+from optimus_eqsat.rule_check.meaning import PRIMITIVES, NotCheckable
+from optimus_eqsat.rule_check.program import SEMANTIC_FUNCTIONS, Derivation, Program
+from optimus_eqsat.term import CTORS
 
 _INT = re.compile(r"-?\d+$")
 _FLOAT = re.compile(r"-?(\d+\.\d*|\d*\.\d+|\d+)([eE][-+]?\d+)?$|-?(inf|NaN)$")
@@ -75,7 +75,7 @@ class Goal:
     pending: list = field(default_factory=list)  # (relation, args, depth); depth None: derivation complete
     solved: list = field(default_factory=list)  # (relation, args) whose derivation is complete
 
-    def copy(self) -> "Goal":
+    def copy(self) -> Goal:
         return Goal(dict(self.bindings), list(self.roots), list(self.constraints), list(self.pending),
                     list(self.solved))
 

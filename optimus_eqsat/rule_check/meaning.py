@@ -22,15 +22,15 @@ from __future__ import annotations
 import math
 import operator
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..normalize import _SCALAR_TARGETS  # the translator's fixed scalar/binary keys and their targets
-from ..rebuild import _scalar  # how the rebuilder writes a Scalar's constant (whole numbers as ints)
-from ..term import CTORS
+from optimus_eqsat.normalize import _SCALAR_TARGETS  # the translator's fixed scalar/binary keys and their targets
+from optimus_eqsat.rebuild import _scalar  # how the rebuilder writes a Scalar's constant (whole numbers as ints)
+from optimus_eqsat.term import CTORS
 
 
 class NotCheckable(Exception):
@@ -53,7 +53,7 @@ class TV:
     scale: torch.Tensor
 
     @staticmethod
-    def of(t: torch.Tensor) -> "TV":
+    def of(t: torch.Tensor) -> TV:
         return TV(t, t.detach().double().abs())
 
 

@@ -10,11 +10,11 @@ samples a relation atom by unfolding one of them (see :mod:`.logic`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
-from ..explore.sexpr import keyword, read_forms
-from ..term import CTORS
+from optimus_eqsat.sexpr import keyword, read_forms
+from optimus_eqsat.term import CTORS
 
 RULE_FORMS = ("rewrite", "birewrite", "rule")
 # Functions of language.egg that are facts about values, computed from them.
@@ -94,7 +94,7 @@ class Program:
         """Its query reads a relation that rules derive (unfolding it may go on)."""
         return any(_reads(atom, self) for atom in derivation.query)
 
-    def merge(self, other: "Program") -> None:
+    def merge(self, other: Program) -> None:
         """Add ``other``'s declarations, facts and derivations (not its rules)."""
         self.relations.update(other.relations)
         self.functions.update(other.functions)

@@ -14,7 +14,7 @@ import random
 
 import torch
 
-from .meaning import SAMPLE_OPS, TV, ListVal
+from optimus_eqsat.rule_check.meaning import SAMPLE_OPS, TV, ListVal
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _DTYPES = (*FLOAT_DTYPES, torch.int64, torch.int32)

@@ -48,17 +48,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from ...term import Fact
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate, build_order, independent_groups, parse_candidate
-from .kinds import KINDS, BatchContext, BatchKind
-from .views import cat_alternatives
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, build_order, independent_groups, parse_candidate
+from optimus_eqsat.rewrites.batching.kinds import KINDS, BatchContext, BatchKind
+from optimus_eqsat.rewrites.batching.views import cat_alternatives
+from optimus_eqsat.term import Fact
+from optimus_eqsat.translate import Translation
 
 # The table of kinds, in the order their keys are computed (see kinds.py); importing
 # each module registers its kinds.
-from . import elementwise, linear, layer_norm, grouped_linear, embedding, matmul, reduction  # noqa: E402,F401  isort: skip
-from .grouped_linear import group_linear_can_pay  # noqa: E402
+from optimus_eqsat.rewrites.batching import elementwise, linear, layer_norm, grouped_linear, embedding, matmul, reduction  # noqa: E402,F401  isort: skip
+from optimus_eqsat.rewrites.batching.grouped_linear import group_linear_can_pay  # noqa: E402
 
 MIN_GROUP = 2  # the cost model, not a threshold, decides whether a group pays
 

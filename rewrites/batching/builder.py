@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ...term import Fact, Id, Reshape, Slice, Term, Union
-from ...translate import Translation
-from .views import Slot, make_item, name_term, stack_terms
+from optimus_eqsat.rewrites.batching.views import Slot, make_item, name_term, stack_terms
+from optimus_eqsat.term import Fact, Id, Reshape, Slice, Term, Union
+from optimus_eqsat.translate import Translation
 
 
 class BatchBuilder:

@@ -10,12 +10,11 @@ members; groups are then built in dependency order.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Hashable, Mapping
 
-
-from ...term import Binary, Id, Op1, Op2, Op3, Scalar, Term, Unary
-from ...translate import Translation
+from optimus_eqsat.term import Binary, Id, Op1, Op2, Op3, Scalar, Term, Unary
+from optimus_eqsat.translate import Translation
 
 _OP_TERMS = (Unary, Binary, Scalar, Op1, Op2, Op3)
 

@@ -16,14 +16,14 @@ rank broadcasts against the stack's new leading dim exactly as against each memb
 
 from __future__ import annotations
 
-from ...normalize import ELEMENTWISE_MULTI, ELEMENTWISE_UNARY
-from ...fxvocab import VIEW_OPS, target_name
-from ...opspec import POINTWISE, OpSpec
-from ...term import CTORS, ELEMENTWISE_CTORS, Id, Scalar, Term
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate, shapes_known
-from .kinds import BatchKind, register
+from optimus_eqsat.fxvocab import VIEW_OPS, target_name
+from optimus_eqsat.normalize import ELEMENTWISE_MULTI, ELEMENTWISE_UNARY
+from optimus_eqsat.opspec import POINTWISE, OpSpec
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
+from optimus_eqsat.rewrites.batching.kinds import BatchKind, register
+from optimus_eqsat.term import CTORS, ELEMENTWISE_CTORS, Id, Scalar, Term
+from optimus_eqsat.translate import Translation
 
 _OP_CTORS = ("Op1", "Op2", "Op3")
 ELEMENTWISE_OP_NAMES = frozenset(ELEMENTWISE_UNARY | ELEMENTWISE_MULTI)

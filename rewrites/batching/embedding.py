@@ -29,14 +29,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...fxvocab.symbolic import all_concrete
-from ...kernels.batched_ops import shift_rows, shift_segments
-from ...opspec import GATHER, POINTWISE, OpSpec, Slot
-from ...term import Cat, Id, Op1, Op2, Reshape, Slice, Term, Union, cons_list
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate, shapes_known
-from .kinds import BatchContext, BatchKind, register
+from optimus_eqsat.fxvocab.symbolic import all_concrete
+from optimus_eqsat.kernels.batched_ops import shift_rows, shift_segments
+from optimus_eqsat.opspec import GATHER, POINTWISE, OpSpec, Slot
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
+from optimus_eqsat.rewrites.batching.kinds import BatchContext, BatchKind, register
+from optimus_eqsat.term import Cat, Id, Op1, Op2, Reshape, Slice, Term, Union, cons_list
+from optimus_eqsat.translate import Translation
 
 _ATEN_EMBEDDING = ("weight", "input", "padding_idx", "scale_grad_by_freq", "sparse")
 MAX_FROZEN_TABLE_BYTES = 64 << 20  # a second copy of small tables only

@@ -31,15 +31,15 @@ from typing import Any
 
 import torch.fx
 
-from ...kernels.batched_ops import gl_cons, gl_item, gl_list, grouped_linear_packed
-from ...kernels.grouped_linear import grouped_linear
-from ...opspec import GROUPED_MATMUL, GROUPED_MEMBER, PACK, OpSpec, Slot
-from ...term import Id, Op1, Op2, Op3, Union
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate
-from .kinds import BatchContext, BatchKind, register
-from .linear import _is_linear
+from optimus_eqsat.kernels.batched_ops import gl_cons, gl_item, gl_list, grouped_linear_packed
+from optimus_eqsat.kernels.grouped_linear import grouped_linear
+from optimus_eqsat.opspec import GROUPED_MATMUL, GROUPED_MEMBER, PACK, OpSpec, Slot
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate
+from optimus_eqsat.rewrites.batching.kinds import BatchContext, BatchKind, register
+from optimus_eqsat.rewrites.batching.linear import _is_linear
+from optimus_eqsat.term import Id, Op1, Op2, Op3, Union
+from optimus_eqsat.translate import Translation
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def group_linear_can_pay(profile: Any, n: int) -> bool:
     profiles, and the CPU fallback runs every member anyway."""
     if profile is None:
         return True
-    from ...extract.cost_model import KernelKind, get_profile
+    from optimus_eqsat.extract.cost_model import KernelKind, get_profile
 
     p = get_profile(profile)
     if p.codegen != "triton":

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate
+from optimus_eqsat.translate import Translation
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...opspec import POINTWISE, REDUCTION, OpSpec, Slot
-from ...term import Binary, Op1
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate, shapes_known
-from .kinds import BatchKind, register
+from optimus_eqsat.opspec import POINTWISE, REDUCTION, OpSpec, Slot
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
+from optimus_eqsat.rewrites.batching.kinds import BatchKind, register
+from optimus_eqsat.term import Binary, Op1
+from optimus_eqsat.translate import Translation
 
 
 def layer_norm_args(spec: OpSpec) -> dict[str, Any] | None:

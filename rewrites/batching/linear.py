@@ -12,13 +12,13 @@ from collections import defaultdict
 
 import torch
 
-from ...opspec import MATMUL, POINTWISE, OpSpec, Slot
-from ...term import Binary, Cat, Id, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate, shapes_known
-from .kinds import BatchKind, register
-from .views import zero_padded
+from optimus_eqsat.opspec import MATMUL, POINTWISE, OpSpec, Slot
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
+from optimus_eqsat.rewrites.batching.kinds import BatchKind, register
+from optimus_eqsat.rewrites.batching.views import zero_padded
+from optimus_eqsat.term import Binary, Cat, Id, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
+from optimus_eqsat.translate import Translation
 
 LINEAR_KEYS = ("linear", "linear_b")
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from ...opspec import MATMUL, OpSpec, Slot
-from ...term import Id, Op2, Permute, Term
-from ...translate import Translation
-from .builder import BatchBuilder
-from .candidates import Candidate, shapes_known
-from .kinds import BatchKind, register
+from optimus_eqsat.opspec import MATMUL, OpSpec, Slot
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
+from optimus_eqsat.rewrites.batching.kinds import BatchKind, register
+from optimus_eqsat.term import Id, Op2, Permute, Term
+from optimus_eqsat.translate import Translation
 
 
 def _transposed(t: Translation, i: int) -> int | None:

@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from ...fxvocab import target_name
-from ...opspec import OpSpec
-from ...term import Op1
-from ...translate import Translation
-from ...tuple_ops import TupleItemSpec, tuple_item_specs
-from .builder import BatchBuilder
-from .candidates import Candidate, shapes_known
-from .kinds import BatchKind, register
+from optimus_eqsat.fxvocab import target_name
+from optimus_eqsat.opspec import OpSpec
+from optimus_eqsat.rewrites.batching.builder import BatchBuilder
+from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
+from optimus_eqsat.rewrites.batching.kinds import BatchKind, register
+from optimus_eqsat.term import Op1
+from optimus_eqsat.translate import Translation
+from optimus_eqsat.tuple_ops import TupleItemSpec, tuple_item_specs
 
 # Ops of one tensor reducing (or normalizing) along ``dim``, by op name: torch-level
 # spellings take dim as the second positional argument or as ``dim=``.

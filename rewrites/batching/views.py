@@ -36,15 +36,15 @@ its length; the e-graph then only sees a few terms per run.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, Hashable
 
 import torch.nn.functional as F
 
-from ...opspec import POINTWISE, OpSpec
-from ...opspec import Slot as Operand
-from ...term import Cat, Fact, Id, KnownShape, Op1, Permute, Reshape, Slice, Term, Union, cons_list
-from ...translate import Translation
+from optimus_eqsat.opspec import POINTWISE, OpSpec
+from optimus_eqsat.opspec import Slot as Operand
+from optimus_eqsat.term import Cat, Fact, Id, KnownShape, Op1, Permute, Reshape, Slice, Term, Union, cons_list
+from optimus_eqsat.translate import Translation
 
 Slot = tuple[Hashable, int]  # (batched term, position of the member in it)
 # Writes a run's stack term: given where to emit list-naming facts and fresh list ids.

@@ -15,11 +15,11 @@ from __future__ import annotations
 import operator
 import random
 from collections import Counter
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
-
 
 _MAX_NUMEL = 1024
 _MAX_ABS = 100.0
@@ -44,8 +44,8 @@ class _Builder:
         self.floats: list[fx.Node] = []  # every float tensor an op produced
         self.effects: set[fx.Node] = set()  # in-place nodes (never sinks)
         self.inputs: list[torch.Tensor] = []
-        self.index_input: Optional[fx.Node] = None
-        self.last_ph: Optional[fx.Node] = None
+        self.index_input: fx.Node | None = None
+        self.last_ph: fx.Node | None = None
         self.n_params = 0
         self.fam: Counter = Counter()
 
@@ -53,7 +53,7 @@ class _Builder:
     def _concrete(self, arg: Any) -> Any:
         return fx.node.map_arg(arg, lambda n: self.env[n])
 
-    def emit(self, op: str, target: Any, args: tuple = (), kwargs: Optional[dict] = None) -> fx.Node:
+    def emit(self, op: str, target: Any, args: tuple = (), kwargs: dict | None = None) -> fx.Node:
         """Add a node and evaluate it on the concrete values of its inputs."""
         kwargs = kwargs or {}
         node = self.graph.create_node(op, target, args, kwargs)
@@ -78,14 +78,14 @@ class _Builder:
     def meth(self, name: str, *args: Any, **kwargs: Any) -> fx.Node:
         return self.emit("call_method", name, args, kwargs)
 
-    def either(self, target: Optional[Callable], name: Optional[str], *args: Any, **kwargs: Any) -> fx.Node:
+    def either(self, target: Callable | None, name: str | None, *args: Any, **kwargs: Any) -> fx.Node:
         """Function or method spelling of the same op, chosen at random."""
         if name is not None and (target is None or self.coin()):
             return self.meth(name, *args, **kwargs)
         assert target is not None
         return self.fn(target, *args, **kwargs)
 
-    def dim_call(self, target: Optional[Callable], name: Optional[str], x: Any, d: int, *pre: Any, **kw: Any) -> fx.Node:
+    def dim_call(self, target: Callable | None, name: str | None, x: Any, d: int, *pre: Any, **kw: Any) -> fx.Node:
         """Op taking ``dim`` last, positional or as ``dim=`` at random."""
         if self.coin():
             return self.either(target, name, x, *pre, d, **kw)
@@ -168,7 +168,7 @@ class _Builder:
             self.pool.append(n)
         return n
 
-    def pick(self, pred: Callable[[torch.Tensor], bool] = lambda t: True, exclude: Sequence[fx.Node] = ()) -> Optional[fx.Node]:
+    def pick(self, pred: Callable[[torch.Tensor], bool] = lambda t: True, exclude: Sequence[fx.Node] = ()) -> fx.Node | None:
         """A pool value satisfying ``pred``, biased to recent ones (deep chains)."""
         cands = [n for n in self.pool if n not in exclude and pred(self.env[n])]
         if not cands:
@@ -176,7 +176,7 @@ class _Builder:
         weights = [i + 1 for i in range(len(cands))]
         return self.rng.choices(cands, weights=weights, k=1)[0]
 
-    def split_dim(self, x: fx.Node, min_size: int = 2) -> Optional[int]:
+    def split_dim(self, x: fx.Node, min_size: int = 2) -> int | None:
         dims = [d for d, s in enumerate(self.shape(x)) if s >= min_size]
         return self.choice(dims) if dims else None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .builder import _DIM_CHOICES, _NUM_EMB, _Builder, _margin, _pos, _sep
 
 
-def _linear(b: _Builder, x: fx.Node, n_out: int, bias: bool, weight: Optional[fx.Node] = None) -> fx.Node:
+def _linear(b: _Builder, x: fx.Node, n_out: int, bias: bool, weight: fx.Node | None = None) -> fx.Node:
     k = b.shape(x)[-1]
     w = weight if weight is not None else b.param((n_out, k), 1.0 / math.sqrt(k))
     bb = b.param((n_out,), 0.1) if bias else None
@@ -168,7 +168,7 @@ _UNARY: dict[str, Callable[[_Builder, fx.Node], fx.Node]] = {
 }
 
 
-def _unary(b: _Builder, x: fx.Node, name: Optional[str] = None) -> fx.Node:
+def _unary(b: _Builder, x: fx.Node, name: str | None = None) -> fx.Node:
     name = name or b.choice(sorted(_UNARY))
     b.tag(f"unary:{name}")
     return _UNARY[name](b, x)
@@ -182,7 +182,7 @@ def b_unary(b: _Builder) -> bool:
     return True
 
 
-def _mask(b: _Builder, x: fx.Node) -> Optional[fx.Node]:
+def _mask(b: _Builder, x: fx.Node) -> fx.Node | None:
     """x > thr (some spelling) with every element clear of thr by a margin."""
     t = b.t(x)
     for thr in (0.0, 0.1, -0.1, 0.3, -0.3, 0.05):
@@ -196,7 +196,7 @@ def _mask(b: _Builder, x: fx.Node) -> Optional[fx.Node]:
     return None
 
 
-_BINARY: dict[str, Callable[[_Builder, fx.Node, fx.Node], Optional[fx.Node]]] = {
+_BINARY: dict[str, Callable[[_Builder, fx.Node, fx.Node], fx.Node | None]] = {
     "add": lambda b, x, y: b.choice(
         [lambda: b.fn(operator.add, x, y), lambda: b.either(torch.add, "add", x, y), lambda: b.fn(torch.add, x, y, alpha=0.5)]
     )(),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections import Counter
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx

@@ -23,7 +23,6 @@ from .compute import (
     b_unary,
 )
 from .effects import b_inplace, b_opaque
-from .training import b_batch_norm, b_checkpoint, b_dropout
 from .tangles import (
     b_batch_layer_norms,
     b_batch_linears,
@@ -41,6 +40,7 @@ from .tangles import (
     b_split_squeeze_stack,
     b_unbind_stack,
 )
+from .training import b_batch_norm, b_checkpoint, b_dropout
 from .views import (
     b_cat,
     b_chunk,
@@ -55,7 +55,6 @@ from .views import (
     b_stack,
     b_unbind,
 )
-
 
 # (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace" / "train" / "checkpoint"
 # (a builder a graph's options leave out is not drawn, so appending one changes no existing graph)

@@ -24,8 +24,6 @@ building), and the margins other builders check on concrete values hold at run t
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -89,7 +87,7 @@ def b_batch_norm(b: _Builder) -> bool:
     if x is None:
         return False
     channels = b.shape(x)[1]
-    momentum: Optional[float] = b.choice([0.1, 0.3, None])
+    momentum: float | None = b.choice([0.1, 0.3, None])
     if momentum is None and b.dynamo:
         # A cumulative average divides by ``float(num_batches_tracked)``, a lifted buffer input
         # under Dynamo: a data-dependent guard it cannot capture in one graph. Drawn all the same

@@ -10,7 +10,7 @@ with the tangles.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -162,7 +162,7 @@ def b_stack(b: _Builder) -> bool:
     return True
 
 
-def _reshape_target(b: _Builder, s: tuple[int, ...]) -> Optional[list[int]]:
+def _reshape_target(b: _Builder, s: tuple[int, ...]) -> list[int] | None:
     """A different shape with the same numel and rank 1-4 (maybe with a -1)."""
     s = list(s)
     opts = []
