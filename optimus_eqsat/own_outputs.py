@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.fx as fx
 
-from .fxvocab import ALIASING_OPS, canonical_name
-from .fxvocab.meta import meta_value
-from .keep_gradients import graph_outputs
+from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
+from optimus_eqsat.fxvocab.meta import meta_value
+from optimus_eqsat.keep_gradients import graph_outputs
 
 __all__ = ["contiguous_outputs", "own_sliced_outputs"]
 
@@ -42,8 +42,9 @@ def own_sliced_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
     before, after = graph_outputs(original), graph_outputs(optimized)
     if len(before) != len(after):
         return []
-    chosen = {new for old, new in zip(before, after)
-              if new is not None and _slices_an_intermediate(new) and not _is_view(old)}
+    # (in output order, not a set's: the program's code, and so every cache key, stays the same)
+    chosen = [new for old, new in zip(before, after)
+              if new is not None and _slices_an_intermediate(new) and not _is_view(old)]
     return _replace_outputs(optimized, chosen, _clone)
 
 
