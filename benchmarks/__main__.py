@@ -12,6 +12,7 @@ Ablations: ``--rulesets``, ``--extractor`` and ``--profile`` take
 ``;``-separated alternatives (each a value for optimus_eqsat's make_backend);
 every combination becomes its own optimus_eqsat method, labelled in the rows.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,9 @@ def _alternatives(text: str | None) -> list[str | None]:
     return [t.strip() for t in text.split(";")] if text else [None]
 
 
-def eqsat_variants(rulesets: str | None, extractor: str | None, profile: str | None,
-                   measure: str | None = None) -> list[EqsatOptions]:
+def eqsat_variants(
+    rulesets: str | None, extractor: str | None, profile: str | None, measure: str | None = None
+) -> list[EqsatOptions]:
     """The cross product of the ablation alternatives."""
     return [
         EqsatOptions(tuple(_csv(r)) if r else None, e, p, None if m is None else m == "on")
@@ -60,45 +62,84 @@ def thread_counts(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", default="all", help=f"comma list, 'all' or 'big': {', '.join(ALL_MODELS)}")
-    p.add_argument("--methods", help=f"comma list of {', '.join(METHOD_NAMES)} "
-                   "(default: all the device can run; the last three need --device cuda)")
-    p.add_argument("--mode", "--modes", dest="modes", default="inference,training",
-                   help="comma list of inference, training (default both)")
+    p.add_argument(
+        "--methods",
+        help=f"comma list of {', '.join(METHOD_NAMES)} "
+        "(default: all the device can run; the last three need --device cuda)",
+    )
+    p.add_argument(
+        "--mode",
+        "--modes",
+        dest="modes",
+        default="inference,training",
+        help="comma list of inference, training (default both)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--scales", default="1", help="comma list of zoo scale knobs, e.g. 1,4,16")
-    p.add_argument("--batches", "--batch", dest="batches", default="32,256,2048",
-                   help="comma list of batch sizes (default 32,256,2048)")
-    p.add_argument("--threads", help="comma list of torch CPU thread counts, 'all' = torch's default "
-                   f"({ALL_THREADS} here); default '1,all' on CPU, 'all' on CUDA")
+    p.add_argument(
+        "--batches",
+        "--batch",
+        dest="batches",
+        default="32,256,2048",
+        help="comma list of batch sizes (default 32,256,2048)",
+    )
+    p.add_argument(
+        "--threads",
+        help="comma list of torch CPU thread counts, 'all' = torch's default "
+        f"({ALL_THREADS} here); default '1,all' on CPU, 'all' on CUDA",
+    )
     p.add_argument("--rows", type=int, help="rows per embedding table for every model that has tables")
     p.add_argument("--seed", type=int, default=0)
     timing = p.add_argument_group("timing (interleaved rounds)")
     timing.add_argument("--warmup", type=int, default=3, help="steps per method before the first round")
-    timing.add_argument("--steps", "--repeats", dest="steps", type=int, default=5,
-                        help="timed steps per method per round; a round's time is their median "
-                        "(--repeats is the old name)")
-    timing.add_argument("--min-turn-ms", type=float, default=20.0,
-                        help="more timed steps for a fast method, so each of its turns lasts this long")
+    timing.add_argument(
+        "--steps",
+        "--repeats",
+        dest="steps",
+        type=int,
+        default=5,
+        help="timed steps per method per round; a round's time is their median (--repeats is the old name)",
+    )
+    timing.add_argument(
+        "--min-turn-ms",
+        type=float,
+        default=20.0,
+        help="more timed steps for a fast method, so each of its turns lasts this long",
+    )
     timing.add_argument("--rounds", type=int, default=5, help="rounds at least")
     timing.add_argument("--max-rounds", type=int, default=30, help="rounds at most")
-    timing.add_argument("--target-spread", type=float, default=0.10,
-                        help="stop adding rounds once every ratio's (p90 - p10) / median is below this")
-    timing.add_argument("--max-timing-s", type=float, default=120.0,
-                        help="start no round after this many seconds of timing in a case")
+    timing.add_argument(
+        "--target-spread",
+        type=float,
+        default=0.10,
+        help="stop adding rounds once every ratio's (p90 - p10) / median is below this",
+    )
+    timing.add_argument(
+        "--max-timing-s", type=float, default=120.0, help="start no round after this many seconds of timing in a case"
+    )
     timing.add_argument("--round-warmup", type=int, default=1, help="untimed steps at the start of each turn")
     timing.add_argument("--order", default="rotate", choices=ORDERS, help="turn order across rounds")
-    timing.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="wall clock, or this process's CPU time (one thread on a shared CPU only)")
+    timing.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="wall clock, or this process's CPU time (one thread on a shared CPU only)",
+    )
     p.add_argument("--rulesets", help="optimus_eqsat rule sets, e.g. 'splitcat;splitcat,algebraic,batching'")
     p.add_argument("--extractor", help="optimus_eqsat extractor(s), e.g. 'greedy;ilp;auto'")
     p.add_argument("--profile", help="optimus_eqsat cost profile(s), e.g. 'h100'")
-    p.add_argument("--measure", help="optimus_eqsat's measured choice: 'on', 'off' or 'on;off' (default: the "
-                                     "backend's, on); off times the optimized program even where it is slower")
-    p.add_argument("--keep-caches", action="store_true",
-                   help="allow Inductor cache hits (faster; compile times no longer cold)")
+    p.add_argument(
+        "--measure",
+        help="optimus_eqsat's measured choice: 'on', 'off' or 'on;off' (default: the "
+        "backend's, on); off times the optimized program even where it is slower",
+    )
+    p.add_argument(
+        "--keep-caches", action="store_true", help="allow Inductor cache hits (faster; compile times no longer cold)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", help="output folder (default benchmarks/results, or benchmarks/results/gpu on CUDA)")
     return p.parse_args(argv)
@@ -117,10 +158,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         device=args.device,
         rows=args.rows,
         seed=args.seed,
-        plan=RoundPlan(min_rounds=args.rounds, max_rounds=max(args.rounds, args.max_rounds),
-                       steps=args.steps, min_turn_ms=args.min_turn_ms, warmup=args.warmup,
-                       round_warmup=args.round_warmup, target_spread=args.target_spread,
-                       max_seconds=args.max_timing_s, order=args.order, seed=args.seed),
+        plan=RoundPlan(
+            min_rounds=args.rounds,
+            max_rounds=max(args.rounds, args.max_rounds),
+            steps=args.steps,
+            min_turn_ms=args.min_turn_ms,
+            warmup=args.warmup,
+            round_warmup=args.round_warmup,
+            target_spread=args.target_spread,
+            max_seconds=args.max_timing_s,
+            order=args.order,
+            seed=args.seed,
+        ),
         disable_caches=not args.keep_caches,
         progress=not args.no_progress,
         clock=args.clock,
@@ -131,14 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = config_from_args(args)
     # (without --out, a run replaces the study's default table: one current table per study)
-    out = Path(args.out or ("benchmarks/results/gpu" if config.device.startswith("cuda")
-                            else "benchmarks/results/step_time/default"))
+    out = Path(
+        args.out
+        or ("benchmarks/results/gpu" if config.device.startswith("cuda") else "benchmarks/results/step_time/default")
+    )
     rows = run(config)
     written = write_all(rows, out)
     print("step time / Inductor default: median [p10, p90] over rounds (* not stable); inductor_ms: its step time")
     print(summary_table(to_frame(rows)).to_string(index=False))
-    errors = [f"{r['model']}/{r['mode']}/b{r['batch']}/t{r['threads']}/{r['method']}: {r['error']}"
-              for r in rows if r.get("error")]
+    errors = [
+        f"{r['model']}/{r['mode']}/b{r['batch']}/t{r['threads']}/{r['method']}: {r['error']}"
+        for r in rows
+        if r.get("error")
+    ]
     if errors:
         print("errors:\n  " + "\n  ".join(errors))
     print("wrote: " + ", ".join(str(p) for p in written.values()))

@@ -27,13 +27,27 @@ from benchmarks.zoo import MODELS
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.inductor_count import capture_dynamo_graph
 
-_FIELDS = ("launches_before", "launches_after", "cost_before", "cost_after", "batched", "dropped_batches",
-           "rules_fired", "fell_back", "nodes_after", "extractor", "optimal")
+_FIELDS = (
+    "launches_before",
+    "launches_after",
+    "cost_before",
+    "cost_after",
+    "batched",
+    "dropped_batches",
+    "rules_fired",
+    "fell_back",
+    "nodes_after",
+    "extractor",
+    "optimal",
+)
 
 
 def _op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
-    counts = Counter(f"{n.op}:{getattr(n.target, '__name__', n.target)}" for n in gm.graph.nodes
-                     if n.op not in ("placeholder", "output"))
+    counts = Counter(
+        f"{n.op}:{getattr(n.target, '__name__', n.target)}"
+        for n in gm.graph.nodes
+        if n.op not in ("placeholder", "output")
+    )
     return dict(sorted(counts.items()))
 
 
@@ -71,8 +85,7 @@ def snapshot(models: list[str], profiles: list[str]) -> dict[str, Any]:
         for kind, (gm, example) in graphs.items():
             for profile in profiles:
                 out[f"{name}/{kind}/{profile}"] = snapshot_case(gm, example, profile)
-                print(f"{name}/{kind}/{profile}: {out[f'{name}/{kind}/{profile}']['launches_after']}",
-                      file=sys.stderr)
+                print(f"{name}/{kind}/{profile}: {out[f'{name}/{kind}/{profile}']['launches_after']}", file=sys.stderr)
     return out
 
 

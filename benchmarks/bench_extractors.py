@@ -90,8 +90,16 @@ def measure(family: str, graph: ExtractionGraph, name: str, time_limit: float) -
         cost, by, opt, gap = ext.cost, ext.extractor, ext.optimal, ext.gap
     except ExtractionError as err:  # pragma: no cover - reported in table
         cost, by, opt, gap = float("nan"), f"error: {err}", False, None
-    return dict(family=family, nodes=graph.num_nodes, extractor=name, seconds=time.perf_counter() - t0,
-                cost=cost, result_by=by, optimal=opt, gap=gap)
+    return dict(
+        family=family,
+        nodes=graph.num_nodes,
+        extractor=name,
+        seconds=time.perf_counter() - t0,
+        cost=cost,
+        result_by=by,
+        optimal=opt,
+        gap=gap,
+    )
 
 
 def run(sizes: list[int], time_limit: float, extractors: list[str]) -> list[dict[str, object]]:
@@ -106,13 +114,17 @@ def run(sizes: list[int], time_limit: float, extractors: list[str]) -> list[dict
     return rows
 
 
-HEADER = f"{'family':<9} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>10} {'result by':<8} {'optimal':<7} gap"
+HEADER = (
+    f"{'family':<9} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>10} {'result by':<8} {'optimal':<7} gap"
+)
 
 
 def _fmt(r: dict[str, object]) -> str:
     gap = "" if r["gap"] is None else f"{r['gap']:.3g}"
-    return (f"{r['family']:<9} {r['nodes']:>8} {r['extractor']:<7} {r['seconds']:>8.2f} "
-            f"{r['cost']:>10.1f} {r['result_by']:<8} {str(r['optimal']):<7} {gap}")
+    return (
+        f"{r['family']:<9} {r['nodes']:>8} {r['extractor']:<7} {r['seconds']:>8.2f} "
+        f"{r['cost']:>10.1f} {r['result_by']:<8} {str(r['optimal']):<7} {gap}"
+    )
 
 
 def real_egraphs(chains: tuple[int, ...] = (1_000, 10_000)):
@@ -154,19 +166,28 @@ def run_models(time_limit: float, extractors: list[str]) -> list[dict[str, objec
         for name in extractors:
             rows.append(r := measure(family, graph, name, time_limit))
             g = "" if r["gap"] is None else f"{r['gap']:.3g}"
-            print(f"{family:<22} {r['nodes']:>8} {name:<7} {r['seconds']:>8.2f} {r['cost']:>12.6e} "
-                  f"{r['result_by']:<8} {str(r['optimal']):<7} {g}", flush=True)
+            print(
+                f"{family:<22} {r['nodes']:>8} {name:<7} {r['seconds']:>8.2f} {r['cost']:>12.6e} "
+                f"{r['result_by']:<8} {str(r['optimal']):<7} {g}",
+                flush=True,
+            )
     return rows
 
 
 def to_markdown(rows: list[dict[str, object]], command: str) -> str:
     """The rows as a markdown table, with the command that made them."""
-    lines = [f"Made by `{command}`.", "",
-             "| graph | e-nodes | extractor | seconds | cost | result by | optimal | gap |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Made by `{command}`.",
+        "",
+        "| graph | e-nodes | extractor | seconds | cost | result by | optimal | gap |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         gap = "" if r["gap"] is None else f"{r['gap']:.3g}"
-        lines.append(f"| {r['family']} | {r['nodes']} | {r['extractor']} | {r['seconds']:.2f} | {r['cost']:.6g} "
-                     f"| {r['result_by']} | {r['optimal']} | {gap} |")
+        lines.append(
+            f"| {r['family']} | {r['nodes']} | {r['extractor']} | {r['seconds']:.2f} | {r['cost']:.6g} "
+            f"| {r['result_by']} | {r['optimal']} | {gap} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +200,9 @@ def main() -> None:
     ap.add_argument("--out", default="", help="also write the table (markdown) to this file")
     args = ap.parse_args()
     if args.models:
-        print(f"{'graph':<22} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>12} {'result by':<8} {'optimal':<7} gap")
+        print(
+            f"{'graph':<22} {'e-nodes':>8} {'extractor':<7} {'seconds':>8} {'cost':>12} {'result by':<8} {'optimal':<7} gap"
+        )
         rows = run_models(args.time_limit, args.extractors)
     else:
         print(HEADER)

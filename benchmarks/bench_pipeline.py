@@ -45,21 +45,33 @@ def measure(name: str, size: int, extractor: str, time_limit: float | None = Non
     out = optimize_graph(gm, raise_on_error=True, extractor=extractor, **limit)
     total, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     r = out.meta["optimus_eqsat"]
-    return {"generator": name, "fx_nodes": len(gm.graph.nodes), "enodes": r.enodes, "iterations": r.iterations,
-            "stop": r.stop_reason, "bans": sum(r.backoff_bans.values()), "phases": r.phase_seconds, "total": total, "cpu": cpu,
-            "launches": f"{r.launches_before} -> {r.launches_after}" + (" (original kept)" if r.fell_back else "")}
+    return {
+        "generator": name,
+        "fx_nodes": len(gm.graph.nodes),
+        "enodes": r.enodes,
+        "iterations": r.iterations,
+        "stop": r.stop_reason,
+        "bans": sum(r.backoff_bans.values()),
+        "phases": r.phase_seconds,
+        "total": total,
+        "cpu": cpu,
+        "launches": f"{r.launches_before} -> {r.launches_after}" + (" (original kept)" if r.fell_back else ""),
+    }
 
 
 def row(m: dict) -> str:
     phases = " | ".join(f"{m['phases'].get(p, 0):.2f}" for p in PHASES)
-    return (f"| {m['generator']} | {m['fx_nodes']} | {m['enodes']} | {m['enodes'] / m['fx_nodes']:.1f} | "
-            f"{m['iterations']} | {m['stop']} | {m['bans']} | {phases} | {m['total']:.2f} | {m['cpu']:.2f} | {m['launches']} |")
+    return (
+        f"| {m['generator']} | {m['fx_nodes']} | {m['enodes']} | {m['enodes'] / m['fx_nodes']:.1f} | "
+        f"{m['iterations']} | {m['stop']} | {m['bans']} | {phases} | {m['total']:.2f} | {m['cpu']:.2f} | {m['launches']} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--generator", default="split_cat_chain",
-                        help=f"'all' or a comma list of: {', '.join(GENERATORS)}")
+    parser.add_argument(
+        "--generator", default="split_cat_chain", help=f"'all' or a comma list of: {', '.join(GENERATORS)}"
+    )
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--extractor", default="greedy")
     parser.add_argument("--time-limit", type=float, help="optimize_graph's time_limit_s (default: its own)")
@@ -76,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown generator(s) {unknown}; known: {', '.join(GENERATORS)}")
     sizes = [int(s) for s in args.sizes.split(",")]
-    emit("| generator | FX nodes | e-nodes | e-nodes / FX node | iterations | stop | bans | "
-         + " | ".join(PHASES) + " | total s | CPU s | launches before -> after |")
+    emit(
+        "| generator | FX nodes | e-nodes | e-nodes / FX node | iterations | stop | bans | "
+        + " | ".join(PHASES)
+        + " | total s | CPU s | launches before -> after |"
+    )
     emit("|---|" + "---|" * (len(PHASES) + 10))
     runs: dict[str, list[dict]] = {}
     for name in names:
@@ -91,18 +106,26 @@ def main(argv: list[str] | None = None) -> int:
         emit("|---|---|---|---|---|")
         for name, ms in runs.items():
             nodes = [m["fx_nodes"] for m in ms]
-            emit(f"| {name} | {fitted_exponent(nodes, [m['total'] for m in ms]):.2f} | "
-                 f"{fitted_exponent(nodes, [m['cpu'] for m in ms]):.2f} | "
-                 f"{fitted_exponent(nodes, [m['phases'].get('saturate', 0) for m in ms]):.2f} | "
-                 f"{fitted_exponent(nodes, [m['enodes'] for m in ms]):.2f} |")
+            emit(
+                f"| {name} | {fitted_exponent(nodes, [m['total'] for m in ms]):.2f} | "
+                f"{fitted_exponent(nodes, [m['cpu'] for m in ms]):.2f} | "
+                f"{fitted_exponent(nodes, [m['phases'].get('saturate', 0) for m in ms]):.2f} | "
+                f"{fitted_exponent(nodes, [m['enodes'] for m in ms]):.2f} |"
+            )
     if args.out:
         command = f"python -m benchmarks.bench_pipeline --generator {args.generator} --sizes {args.sizes} --extractor {args.extractor}"
         if args.time_limit is not None:
             command += f" --time-limit {args.time_limit:g}"
-        head = ["# Optimizer time on adversarial graphs", "", f"Command: `{command}`", "",
-                f"Load average when it ended: {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} "
-                "cores (total s is wall clock, CPU s this process's CPU time: on a loaded machine the wall "
-                "clock grows, the CPU time does not).", ""]
+        head = [
+            "# Optimizer time on adversarial graphs",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"Load average when it ended: {', '.join(f'{v:.1f}' for v in os.getloadavg())} on {os.cpu_count()} "
+            "cores (total s is wall clock, CPU s this process's CPU time: on a loaded machine the wall "
+            "clock grows, the CPU time does not).",
+            "",
+        ]
         Path(args.out).write_text("\n".join(head + lines) + "\n")
     return 0
 

@@ -32,6 +32,7 @@ Case = tuple[str, Callable, Sequence[Any]]
 # Small in-file models
 # --------------------------------------------------------------------------
 
+
 class TowerStack(nn.Module):
     """Parallel MLP towers on slices of the input, concatenated, then a head."""
 
@@ -73,11 +74,13 @@ class LayerNormLinearBlock(nn.Module):
     def __init__(self, width: int = 64, blocks: int = 3):
         super().__init__()
         self.blocks = nn.ModuleList(
-            nn.ModuleDict({
-                "ln": nn.LayerNorm(width),
-                "up": nn.Linear(width, 2 * width),
-                "down": nn.Linear(2 * width, width),
-            })
+            nn.ModuleDict(
+                {
+                    "ln": nn.LayerNorm(width),
+                    "up": nn.Linear(width, 2 * width),
+                    "down": nn.Linear(2 * width, width),
+                }
+            )
             for _ in range(blocks)
         )
         self.final = nn.LayerNorm(width)
@@ -116,6 +119,7 @@ def default_cases(batch: int = 16) -> list[Case]:
 # Calibration loop
 # --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class CalibrationRow:
     """Predicted vs measured launches of one case."""
@@ -148,8 +152,7 @@ def calibrate_case(name: str, model: Callable, inputs: Sequence[Any]) -> Calibra
     cpu = sum(predicted_launches(gm, profile="cpu") for gm in graphs)
     gpu = sum(predicted_launches(gm, profile="h100") for gm in graphs)
     measured = count_inductor_kernels(model, inputs)
-    return CalibrationRow(name, nodes, cpu, gpu, measured.generated, measured.extern,
-                          time.perf_counter() - start)
+    return CalibrationRow(name, nodes, cpu, gpu, measured.generated, measured.extern, time.perf_counter() - start)
 
 
 def calibrate(cases: Iterable[Case]) -> list[CalibrationRow]:
@@ -202,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--zoo", action="store_true", help="calibrate on the benchmark zoo, original and optimized")
     parser.add_argument("--models", default="", help="comma-separated zoo models (with --zoo)")
-    parser.add_argument("--out", default="", help="also write the table to this file (e.g. benchmarks/results/calibration_zoo.md)")
+    parser.add_argument(
+        "--out", default="", help="also write the table to this file (e.g. benchmarks/results/calibration_zoo.md)"
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     rows = calibrate(zoo_cases(args.batch, names) if args.zoo else default_cases(args.batch))

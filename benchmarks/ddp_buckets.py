@@ -28,6 +28,7 @@ models of ``tests/library_style.py``, batch norm and dropout in training).
 
     python -m benchmarks.ddp_buckets --out benchmarks/results/ddp_buckets.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -147,11 +148,13 @@ def time_methods(name: str, batch: int, bucket_mb: float, rounds: int, warmup: i
             step()  # compiles (ours: and decides on the first real call)
         first_call_s[method] = time.perf_counter() - start
         compiled[method] = step
-        kept[method] = [r.measured.kept if r.measured is not None else ("original" if r.fell_back else "optimized")
-                        for r in getattr(backend, "reports", [])]
+        kept[method] = [
+            r.measured.kept if r.measured is not None else ("original" if r.fell_back else "optimized")
+            for r in getattr(backend, "reports", [])
+        ]
     round_ms: dict[str, list[float]] = {m: [] for m in STEP_METHODS}
     for r in range(rounds):
-        order = STEP_METHODS[r % len(STEP_METHODS):] + STEP_METHODS[:r % len(STEP_METHODS)]
+        order = STEP_METHODS[r % len(STEP_METHODS) :] + STEP_METHODS[: r % len(STEP_METHODS)]
         for method in order:
             round_ms[method].append(_turn(compiled[method], warmup, steps))
     result: dict[str, Any] = {"first_call_s": first_call_s, "kept": kept}
@@ -166,8 +169,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=600)
+    )
     # DDPOptimizer asserts its first bucket (1 MiB in torch) is no larger than the others
     dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, int(args.bucket_mb * 2**20))
     results = {}
@@ -188,25 +192,36 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
 
 
 def table(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    lines = [f"Two gloo ranks (loopback, 1 thread each), batch {args.batch} per rank, `bucket_cap_mb={args.bucket_mb}` "
-             f"(first bucket {min(1.0, args.bucket_mb):g} MiB), "
-             f"{args.rounds} lockstep rounds of {args.warmup} + {args.steps} steps.", "",
-             "| model | launches (graphs): Inductor | ours per piece | ours whole graph | one graph "
-             "| step ms: Inductor | ours per piece (ratio) | ours whole graph (ratio) | ours one graph (ratio) "
-             "| kept: per piece; whole; one graph |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Two gloo ranks (loopback, 1 thread each), batch {args.batch} per rank, `bucket_cap_mb={args.bucket_mb}` "
+        f"(first bucket {min(1.0, args.bucket_mb):g} MiB), "
+        f"{args.rounds} lockstep rounds of {args.warmup} + {args.steps} steps.",
+        "",
+        "| model | launches (graphs): Inductor | ours per piece | ours whole graph | one graph "
+        "| step ms: Inductor | ours per piece (ratio) | ours whole graph (ratio) | ours one graph (ratio) "
+        "| kept: per piece; whole; one graph |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in results.values():
+
         def launches(method: str) -> str:
             c = row[f"count_{method}"]  # noqa: B023 (called within this iteration)
             return f"{c['launches']} ({c['graphs']} graphs)"
 
         kept = row.get("kept", {})
-        steps = (f"{row['inductor_ms']:.2f} | {row['pieces_ms']:.2f} ({row['pieces_ratio']}) | "
-                 f"{row['ours_ms']:.2f} ({row['ours_ratio']}) | {row['one_graph_ms']:.2f} ({row['one_graph_ratio']}) | "
-                 + "; ".join(", ".join(kept.get(m, [])) or "-" for m in ("pieces", "ours", "one_graph"))) \
-            if "inductor_ms" in row else "- | - | - | - | -"
-        lines.append(f"| {row['model']} | {launches('inductor')} | {launches('pieces')} | {launches('ours')} | "
-                     f"{launches('one_graph')} | {steps} |")
+        steps = (
+            (
+                f"{row['inductor_ms']:.2f} | {row['pieces_ms']:.2f} ({row['pieces_ratio']}) | "
+                f"{row['ours_ms']:.2f} ({row['ours_ratio']}) | {row['one_graph_ms']:.2f} ({row['one_graph_ratio']}) | "
+                + "; ".join(", ".join(kept.get(m, [])) or "-" for m in ("pieces", "ours", "one_graph"))
+            )
+            if "inductor_ms" in row
+            else "- | - | - | - | -"
+        )
+        lines.append(
+            f"| {row['model']} | {launches('inductor')} | {launches('pieces')} | {launches('ours')} | "
+            f"{launches('one_graph')} | {steps} |"
+        )
     return lines
 
 

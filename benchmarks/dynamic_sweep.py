@@ -86,10 +86,13 @@ def _compile(model: torch.nn.Module, dynamic: bool, **options: Any) -> tuple[Any
     return torch.compile(model, backend=backend, dynamic=False if not dynamic else None), backend
 
 
-
-
-def sweep_model(name: str, batches: Sequence[int] = BATCHES, compile_batch: int = COMPILE_BATCH,
-                inductor: bool = False, **options: Any) -> SweepRow:
+def sweep_model(
+    name: str,
+    batches: Sequence[int] = BATCHES,
+    compile_batch: int = COMPILE_BATCH,
+    inductor: bool = False,
+    **options: Any,
+) -> SweepRow:
     """One model's row (module in train mode, so gradients are compared)."""
     start = time.perf_counter()
     spec = MODELS[name]
@@ -107,13 +110,20 @@ def sweep_model(name: str, batches: Sequence[int] = BATCHES, compile_batch: int 
             results[1] = compare(model, dynamic, spec.inputs(1, 1))
         torch._dynamo.reset()
     sr, dr = static_backend.reports[0], backend.reports[0]
-    row = SweepRow(name, (sr.launches_before, sr.launches_after), (dr.launches_before, dr.launches_after),
-                   recompiles, {b: d for b, (d, _) in sorted(results.items())},
-                   all(ok for _, ok in results.values()), dr.fallback_reason if dr.fell_back else None,
-                   (sr.batched, sr.dropped_batches) == (dr.batched, dr.dropped_batches))
+    row = SweepRow(
+        name,
+        (sr.launches_before, sr.launches_after),
+        (dr.launches_before, dr.launches_after),
+        recompiles,
+        {b: d for b, (d, _) in sorted(results.items())},
+        all(ok for _, ok in results.values()),
+        dr.fallback_reason if dr.fell_back else None,
+        (sr.batched, sr.dropped_batches) == (dr.batched, dr.dropped_batches),
+    )
     if inductor:
-        row.inductor_static, row.inductor_dynamic = (inductor_kernels(name, dynamic, compile_batch, **options)
-                                                     for dynamic in (False, True))
+        row.inductor_static, row.inductor_dynamic = (
+            inductor_kernels(name, dynamic, compile_batch, **options) for dynamic in (False, True)
+        )
     row.seconds = time.perf_counter() - start
     return row
 
@@ -138,15 +148,32 @@ def inductor_kernels(name: str, dynamic: bool, batch: int = COMPILE_BATCH, **opt
 def format_table(rows: Sequence[SweepRow]) -> str:
     """The sweep as a Markdown table."""
     batches = sorted({b for r in rows for b in r.max_diff})
-    head = ["model", "launches static", "launches dynamic", "same batches", "recompiles",
-            *(f"max abs diff @{b}" for b in batches), "close", "inductor static", "inductor dynamic", "s"]
+    head = [
+        "model",
+        "launches static",
+        "launches dynamic",
+        "same batches",
+        "recompiles",
+        *(f"max abs diff @{b}" for b in batches),
+        "close",
+        "inductor static",
+        "inductor dynamic",
+        "s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r.model, "{} -> {}".format(*r.static_launches), "{} -> {}".format(*r.dynamic_launches),
-                 "yes" if r.same_batches else "no", str(r.recompiles), *(f"{r.max_diff[b]:.1e}" for b in batches),
-                 "yes" if r.close else "no",
-                 str(r.inductor_static if r.inductor_static is not None else "-"),
-                 str(r.inductor_dynamic if r.inductor_dynamic is not None else "-"), f"{r.seconds:.0f}"]
+        cells = [
+            r.model,
+            "{} -> {}".format(*r.static_launches),
+            "{} -> {}".format(*r.dynamic_launches),
+            "yes" if r.same_batches else "no",
+            str(r.recompiles),
+            *(f"{r.max_diff[b]:.1e}" for b in batches),
+            "yes" if r.close else "no",
+            str(r.inductor_static if r.inductor_static is not None else "-"),
+            str(r.inductor_dynamic if r.inductor_dynamic is not None else "-"),
+            f"{r.seconds:.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ does not run again). That one compile gives both
   (benchmarks/rounds.py) on this process's CPU clock with one thread: the median
   round, and the median of the per-round ratios to the default program.
 """
+
 from __future__ import annotations
 
 import copy
@@ -68,8 +69,9 @@ def program_backend(program: torch.fx.GraphModule, expected: Sequence[torch.Size
     return backend
 
 
-def compile_program(model: torch.nn.Module, inputs: tuple, program: torch.fx.GraphModule,
-                    expected: Sequence[torch.Size], training: bool) -> CompiledProgram:
+def compile_program(
+    model: torch.nn.Module, inputs: tuple, program: torch.fx.GraphModule, expected: Sequence[torch.Size], training: bool
+) -> CompiledProgram:
     """``program`` compiled for a copy of ``model``; its first step (the compile) is run
     here, and Inductor's output code of that step gives the kernel counts."""
     from torch._inductor import config as inductor_config
@@ -84,9 +86,14 @@ def compile_program(model: torch.nn.Module, inputs: tuple, program: torch.fx.Gra
     return CompiledProgram(step, generated, extern, outputs, lambda: backend.calls)
 
 
-def compile_and_time(model: torch.nn.Module, inputs: tuple, programs: Mapping[str, torch.fx.GraphModule],
-                     expected: Sequence[torch.Size], training: bool, plan: RoundPlan | None,
-                     ) -> dict[str, dict[str, Any]]:
+def compile_and_time(
+    model: torch.nn.Module,
+    inputs: tuple,
+    programs: Mapping[str, torch.fx.GraphModule],
+    expected: Sequence[torch.Size],
+    training: bool,
+    plan: RoundPlan | None,
+) -> dict[str, dict[str, Any]]:
     """Compile every program (``programs[BASELINE]`` first), count its kernels and, with a
     ``plan``, time all of them in interleaved rounds on one thread and the CPU clock.
 
@@ -98,13 +105,20 @@ def compile_and_time(model: torch.nn.Module, inputs: tuple, programs: Mapping[st
     torch.set_num_threads(1)
     torch._dynamo.reset()
     try:
-        with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit,
-                                                              2 * len(programs) + 2)):
-            compiled = {name: compile_program(model, inputs, gm, expected, training)
-                        for name, gm in programs.items()}
+        with torch._dynamo.config.patch(
+            recompile_limit=max(torch._dynamo.config.recompile_limit, 2 * len(programs) + 2)
+        ):
+            compiled = {name: compile_program(model, inputs, gm, expected, training) for name, gm in programs.items()}
             base = compiled[BASELINE].outputs
-            out = {name: {"generated": c.generated, "extern": c.extern, "launches": c.launches,
-                          "max_abs_diff": measure.max_abs_diff(c.outputs, base)} for name, c in compiled.items()}
+            out = {
+                name: {
+                    "generated": c.generated,
+                    "extern": c.extern,
+                    "launches": c.launches,
+                    "max_abs_diff": measure.max_abs_diff(c.outputs, base),
+                }
+                for name, c in compiled.items()
+            }
             if plan is None:
                 return out
             steps = {name: measure.timed_step(c.step, "cpu", clock="cpu") for name, c in compiled.items()}
@@ -120,8 +134,13 @@ def compile_and_time(model: torch.nn.Module, inputs: tuple, programs: Mapping[st
                 if c.backend_calls() != 1:
                     raise RuntimeError(f"{name}: Dynamo compiled {c.backend_calls()} times (recompiled)")
                 times = stats.spread(result.round_ms[name])
-                out[name].update(step_ms=times.median, step_ms_p10=times.p10, step_ms_p90=times.p90,
-                                 ratio=stats.spread(result.ratios(BASELINE)[name]).median, rounds=times.n)
+                out[name].update(
+                    step_ms=times.median,
+                    step_ms_p10=times.p10,
+                    step_ms_p90=times.p90,
+                    ratio=stats.spread(result.ratios(BASELINE)[name]).median,
+                    rounds=times.n,
+                )
             return out
     finally:
         torch._dynamo.reset()

@@ -24,6 +24,7 @@ model (``fx_cost.predict_kernels``) that prices ours, at any feature count:
 Both read the dense input through one zero-padding to whole triples and whole
 passthrough periods, so every gather is a view.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -68,8 +69,13 @@ class RaggedFloor(nn.Module):
         width's stack with zero members to whole triples."""
         module, attr = name.rsplit(".", 1) if "." in name else ("", name)
         n, f = len(self.model.widths), self.model.features  # indexed: a ModuleList slice is a new module
-        members = (range(n) if c is None else [i for k in range(CLASSES) for i in range(k, n, CLASSES)]
-                   if c == "widths" else range(c, n, CLASSES))
+        members = (
+            range(n)
+            if c is None
+            else [i for k in range(CLASSES) for i in range(k, n, CLASSES)]
+            if c == "widths"
+            else range(c, n, CLASSES)
+        )
         stack = torch.stack([getattr(f[i].get_submodule(module) if module else f[i], attr) for i in members])
         if self.family == "block_diagonal" and isinstance(c, int):
             stack = F.pad(stack, (0, 0) * (stack.dim() - 1) + (0, self.triples - len(members)))
@@ -80,9 +86,11 @@ class RaggedFloor(nn.Module):
         padded = F.pad(dense, (0, self.columns - dense.shape[1]))  # every gather below is a view
         triples = padded[:, : self.triples * PERIOD].reshape(b, self.triples, PERIOD)
         counts = self.counts if self.family != "block_diagonal" else [self.triples] * CLASSES
-        normed = [F.layer_norm(triples[:, : counts[c], STARTS[c]: STARTS[c] + w], (w,))
-                  * self._stack(c, "norm.weight") + self._stack(c, "norm.bias")
-                  for c, w in enumerate(WIDTHS)]  # (B, count, w) per width
+        normed = [
+            F.layer_norm(triples[:, : counts[c], STARTS[c] : STARTS[c] + w], (w,)) * self._stack(c, "norm.weight")
+            + self._stack(c, "norm.bias")
+            for c, w in enumerate(WIDTHS)
+        ]  # (B, count, w) per width
         parts = self._project(normed)  # (count, B, PROJ) per width
         acts = [torch.relu(parts[0]), torch.sigmoid(parts[1]), torch.tanh(parts[2])]
         gain, shift = self._stack(None, "gain"), self._stack(None, "shift")  # one stack each, all features
@@ -95,22 +103,27 @@ class RaggedFloor(nn.Module):
         """Every feature's Linear(w, PROJ): a (count, B, PROJ) tensor per width."""
         if self.family == "per_width":  # one bmm per width
             biases = torch.split(self._stack("widths", "proj.bias"), self.counts, 0)
-            return [torch.bmm(n.permute(1, 0, 2), self._stack(c, "proj.weight").transpose(1, 2)) + bias.unsqueeze(1)
-                    for c, (n, bias) in enumerate(zip(normed, biases))]
+            return [
+                torch.bmm(n.permute(1, 0, 2), self._stack(c, "proj.weight").transpose(1, 2)) + bias.unsqueeze(1)
+                for c, (n, bias) in enumerate(zip(normed, biases))
+            ]
         if self.family == "padded":  # one bmm over inputs and weights zero-padded to width 16
             top = max(WIDTHS)
             x = torch.cat([F.pad(n, (0, top - n.shape[-1])) for n in normed], 1).permute(1, 0, 2)  # (N, B, 16)
-            w = torch.cat([F.pad(self._stack(c, "proj.weight"), (0, top - width))
-                           for c, width in enumerate(WIDTHS)])  # (N, PROJ, 16)
+            w = torch.cat(
+                [F.pad(self._stack(c, "proj.weight"), (0, top - width)) for c, width in enumerate(WIDTHS)]
+            )  # (N, PROJ, 16)
             y = torch.bmm(x, w.transpose(1, 2)) + self._stack("widths", "proj.bias").unsqueeze(1)
             return list(torch.split(y, self.counts, 0))  # (N, B, PROJ) width by width
         # block-diagonal: whole triples, the tail's missing features zero
         x = torch.cat(normed, 2).permute(1, 0, 2)  # (t, B, 28)
-        blocks = [F.pad(self._stack(c, "proj.weight").transpose(1, 2), (c * PROJ, (CLASSES - 1 - c) * PROJ))
-                  for c in range(CLASSES)]  # (t, w, 3 * PROJ): the width's block of columns
+        blocks = [
+            F.pad(self._stack(c, "proj.weight").transpose(1, 2), (c * PROJ, (CLASSES - 1 - c) * PROJ))
+            for c in range(CLASSES)
+        ]  # (t, w, 3 * PROJ): the width's block of columns
         bias = torch.cat([self._stack(c, "proj.bias") for c in range(CLASSES)], 1)
         y = torch.bmm(x, torch.cat(blocks, 1)) + bias.unsqueeze(1)  # (t, B, 3 * PROJ)
-        return [y[: self.counts[c], :, c * PROJ: (c + 1) * PROJ] for c in range(CLASSES)]  # the real features
+        return [y[: self.counts[c], :, c * PROJ : (c + 1) * PROJ] for c in range(CLASSES)]  # the real features
 
     def _interleave(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         """The features' outputs in feature order, (B, PROJ * N), as few cat inputs as can be:
@@ -129,7 +142,7 @@ class RaggedFloor(nn.Module):
         last = self.model.blocks[::3][-1]
         if len(last) == 1:  # a one-feature block is not a prefix of the swapped order
             start = sum(widths[: last[0]])
-            return torch.cat([order[:, : (self.blocks - 1) * size], padded[:, start: start + widths[last[0]]]], 1)
+            return torch.cat([order[:, : (self.blocks - 1) * size], padded[:, start : start + widths[last[0]]]], 1)
         return order[:, : sum(self.model.block_sizes[::3])]
 
 
@@ -139,8 +152,9 @@ def check(model: DynamicSchema, floor: RaggedFloor, inputs: tuple[torch.Tensor, 
         return (floor(*inputs) - model(*inputs)).abs().max().item()
 
 
-def floor_kernels(model: DynamicSchema, inputs: tuple[torch.Tensor, ...], family: str,
-                  variants: tuple[str, ...]) -> dict[str, Any]:
+def floor_kernels(
+    model: DynamicSchema, inputs: tuple[torch.Tensor, ...], family: str, variants: tuple[str, ...]
+) -> dict[str, Any]:
     """Predicted h200 kernels of the floor program per variant ("inf", "frozen", "train"):
     ``{variant: count, f"{variant}_notes": text, "max_abs_diff": float}``."""
     from benchmarks.extreme_study import kernel_notes, kernels

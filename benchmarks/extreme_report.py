@@ -6,6 +6,7 @@ Inductor's CPU kernels and measured CPU step time, predicted step time, optimize
 time), ``extreme_study.csv`` (every column) and ``extreme_details.md`` (per row,
 the optimizer's reports and the kernels left in our programs).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,33 +28,57 @@ RAGGED_SLACK = 1.2
 
 KEY = ["generator", "features"]
 TABLES = {
-    "Predicted H200 launches (inference, frozen inference, one training step)": KEY + [
-        "fx_nodes", *(f"h200_{v}_{p}" for v in ("inf", "frozen", "train")
-                      for p in ("default", "inductor_optimus", "ours", "x"))],
+    "Predicted H200 launches (inference, frozen inference, one training step)": KEY
+    + [
+        "fx_nodes",
+        *(f"h200_{v}_{p}" for v in ("inf", "frozen", "train") for p in ("default", "inductor_optimus", "ours", "x")),
+    ],
     "The ragged generator's floor (predicted h200 launches of the hand-written programs of "
-    "benchmarks/extreme_floor.py: the fewest in the optimizer's vocabulary, and, frozen, of any program)": KEY + [
-        *(k for v in ("inf", "frozen", "train") for k in (f"h200_{v}_ours", f"floor_{v}", f"floor_{v}_family",
-                                                        f"ours_over_floor_{v}")),
-        "floor_any_frozen", "ours_over_floor_any_frozen"],
+    "benchmarks/extreme_floor.py: the fewest in the optimizer's vocabulary, and, frozen, of any program)": KEY
+    + [
+        *(
+            k
+            for v in ("inf", "frozen", "train")
+            for k in (f"h200_{v}_ours", f"floor_{v}", f"floor_{v}_family", f"ours_over_floor_{v}")
+        ),
+        "floor_any_frozen",
+        "ours_over_floor_any_frozen",
+    ],
     "Inductor's CPU kernels and measured CPU step time (ms; one thread, process CPU time, "
-    "median of interleaved rounds; ratio = ours / default per round, median)": KEY + [
+    "median of interleaved rounds; ratio = ours / default per round, median)": KEY
+    + [
         *(f"cpu_{v}_{p}" for v in ("inf", "train") for p in ("default", "ours", "x")),
         *(f"measured_{v}_{p}" for v in ("inf", "train") for p in ("default_ms", "ours_ms", "ratio")),
-        "max_abs_diff_inf", "max_abs_diff_train"],
-    "Predicted step time (us): default, ours optimized for that profile and mode, speed-up": KEY + [
-        f"pred_{prof}_{v}_{p}" for prof, vs in (("h200", ("inf", "frozen", "train")), ("cpu", ("inf", "train")))
-        for v in vs for p in ("default_us", "ours_us", "x")],
+        "max_abs_diff_inf",
+        "max_abs_diff_train",
+    ],
+    "Predicted step time (us): default, ours optimized for that profile and mode, speed-up": KEY
+    + [
+        f"pred_{prof}_{v}_{p}"
+        for prof, vs in (("h200", ("inf", "frozen", "train")), ("cpu", ("inf", "train")))
+        for v in vs
+        for p in ("default_us", "ours_us", "x")
+    ],
     "Optimizer time (s): optimize_graph wall clock / this process's CPU time, per profile and mode; "
-    "Inductor's Optimus pre-grad passes (wall)": KEY + [
-        *(f"opt_{kind}_{prof}_{v}" for prof, vs in (("h200", ("inf", "frozen", "train")), ("cpu", ("inf", "train")))
-          for v in vs for kind in ("s", "cpu_s")), "inductor_passes_s"],
+    "Inductor's Optimus pre-grad passes (wall)": KEY
+    + [
+        *(
+            f"opt_{kind}_{prof}_{v}"
+            for prof, vs in (("h200", ("inf", "frozen", "train")), ("cpu", ("inf", "train")))
+            for v in vs
+            for kind in ("s", "cpu_s")
+        ),
+        "inductor_passes_s",
+    ],
 }
 
 
 def command(args: argparse.Namespace) -> str:
     """The command line that makes these tables."""
-    text = (f"python -m benchmarks.extreme_study --generator {args.generator} --features {args.features} "
-            f"--training {args.training} --inductor {args.inductor} --batch {args.batch}")
+    text = (
+        f"python -m benchmarks.extreme_study --generator {args.generator} --features {args.features} "
+        f"--training {args.training} --inductor {args.inductor} --batch {args.batch}"
+    )
     if args.no_inductor_optimus:
         text += " --no-inductor-optimus"
     return text + f" --out {args.out}"
@@ -73,21 +98,34 @@ def targets(rows: list[dict[str, Any]]) -> pd.DataFrame:
             for variant, goal in UNIFORM_REDUCTION.items():
                 if f"h200_{variant}_x" in row:
                     x = row[f"h200_{variant}_x"]
-                    lines.append({"target": f"uniform {n}: {variant} launches reduction >= {goal}x",
-                                  "value": f"{row[f'h200_{variant}_default']} / {row[f'h200_{variant}_ours']} = {x}x",
-                                  "met": x >= goal})
+                    lines.append(
+                        {
+                            "target": f"uniform {n}: {variant} launches reduction >= {goal}x",
+                            "value": f"{row[f'h200_{variant}_default']} / {row[f'h200_{variant}_ours']} = {x}x",
+                            "met": x >= goal,
+                        }
+                    )
             for key in (k for k in row if k.startswith("opt_s_h200_")):
                 cpu = row[key.replace("opt_s_", "opt_cpu_s_")]
-                lines.append({"target": f"uniform {n}: optimizer ({key[6:]}) < {OPTIMIZER_LIMIT_S:.0f} s",
-                              "value": f"{row[key]} s wall, {cpu} s CPU",
-                              "met": f"wall {row[key] < OPTIMIZER_LIMIT_S}, CPU {cpu < OPTIMIZER_LIMIT_S}"})
+                lines.append(
+                    {
+                        "target": f"uniform {n}: optimizer ({key[6:]}) < {OPTIMIZER_LIMIT_S:.0f} s",
+                        "value": f"{row[key]} s wall, {cpu} s CPU",
+                        "met": f"wall {row[key] < OPTIMIZER_LIMIT_S}, CPU {cpu < OPTIMIZER_LIMIT_S}",
+                    }
+                )
         if name == "ragged":
             for variant in ("inf", "frozen", "train"):
                 if f"floor_{variant}" in row:
                     ours, floor = row[f"h200_{variant}_ours"], row[f"floor_{variant}"]
-                    lines.append({"target": f"ragged {n}: {variant} launches <= {RAGGED_SLACK} x floor",
-                                  "value": f"{ours} / {floor} ({row[f'floor_{variant}_family']}) = "
-                                           f"{ours / floor:.2f} x floor", "met": ours <= RAGGED_SLACK * floor})
+                    lines.append(
+                        {
+                            "target": f"ragged {n}: {variant} launches <= {RAGGED_SLACK} x floor",
+                            "value": f"{ours} / {floor} ({row[f'floor_{variant}_family']}) = "
+                            f"{ours / floor:.2f} x floor",
+                            "met": ours <= RAGGED_SLACK * floor,
+                        }
+                    )
     return pd.DataFrame(lines)
 
 
@@ -97,13 +135,15 @@ def write_study(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: s
     out.mkdir(parents=True, exist_ok=True)
     columns = list(dict.fromkeys(k for row in rows for k in row if k != "details"))
     pd.DataFrame([{c: _get(r, c) for c in columns} for r in rows]).to_csv(out / "extreme_study.csv", index=False)
-    parts = [f"# Extreme-graph study\n\nCommand: `{command(args)}`\n\n"
-             "Default: Dynamo's graph as Inductor compiles it; inductor_optimus: after Inductor's Optimus "
-             "pre-grad passes; ours: `optimize_graph` for the profile and mode (frozen: under Inductor's "
-             "`freezing=True`; the CPU columns use the program optimized for the cpu profile). `x`: default / "
-             "ours. Launch counts are predicted (`fx_cost.predict_kernels`, h200) except the CPU table's, which "
-             "Inductor emitted on this CPU. Training: one step, AOTAutograd's forward plus backward graphs "
-             "(predicted) or Inductor's forward plus backward code (CPU). Empty cells: not run at that size.\n"]
+    parts = [
+        f"# Extreme-graph study\n\nCommand: `{command(args)}`\n\n"
+        "Default: Dynamo's graph as Inductor compiles it; inductor_optimus: after Inductor's Optimus "
+        "pre-grad passes; ours: `optimize_graph` for the profile and mode (frozen: under Inductor's "
+        "`freezing=True`; the CPU columns use the program optimized for the cpu profile). `x`: default / "
+        "ours. Launch counts are predicted (`fx_cost.predict_kernels`, h200) except the CPU table's, which "
+        "Inductor emitted on this CPU. Training: one step, AOTAutograd's forward plus backward graphs "
+        "(predicted) or Inductor's forward plus backward code (CPU). Empty cells: not run at that size.\n"
+    ]
     checked = targets(rows)
     if not checked.empty:
         parts.append("## Targets\n\n" + markdown_table(checked) + "\n")
@@ -114,6 +154,7 @@ def write_study(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: s
             parts.append(f"## {title}\n\n{markdown_table(table)}\n")
     (out / "extreme_study.md").write_text("\n".join(parts))
     details = [f"## {r['generator']}, {r['features']} features\n\n{r.get('details', '')}\n" for r in rows]
-    (out / "extreme_details.md").write_text("# Extreme-graph study: the optimizer's reports and the kernels "
-                                            f"left in our programs\n\nCommand: `{command(args)}`\n\n"
-                                            + "\n".join(details))
+    (out / "extreme_details.md").write_text(
+        "# Extreme-graph study: the optimizer's reports and the kernels "
+        f"left in our programs\n\nCommand: `{command(args)}`\n\n" + "\n".join(details)
+    )

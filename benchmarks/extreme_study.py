@@ -97,8 +97,9 @@ class Optimized:
         return self.graph.meta["optimus_eqsat"]
 
 
-def optimize(gm: torch.fx.GraphModule, example_inputs: list, profile: str, mode: str,
-             frozen: bool = False) -> Optimized:
+def optimize(
+    gm: torch.fx.GraphModule, example_inputs: list, profile: str, mode: str, frozen: bool = False
+) -> Optimized:
     """``optimize_graph`` for ``profile`` and ``mode`` as the backend runs it (inference with
     its parameter cache); ``frozen``: under Inductor's freezing."""
     from torch._inductor import config
@@ -134,8 +135,9 @@ def training_graphs(gm: torch.fx.GraphModule, example_inputs: list) -> list[torc
         graphs.append(g)
         return make_boxed_func(g.forward)
 
-    compiled = aot_module_simplified(gm, example_inputs, fw_compiler=capture, bw_compiler=capture,
-                                     partition_fn=min_cut_rematerialization_partition)
+    compiled = aot_module_simplified(
+        gm, example_inputs, fw_compiler=capture, bw_compiler=capture, partition_fn=min_cut_rematerialization_partition
+    )
     out = compiled(*example_inputs)
     sum(o.sum() for o in out if isinstance(o, torch.Tensor) and o.requires_grad).backward()
     return graphs
@@ -174,10 +176,12 @@ def report_text(opt: Optimized) -> str:
     """The optimizer's report in one line: stop reason, batched groups, dropped batches."""
     r = opt.report
     batched = ", ".join(f"{k} x{v}" for k, v in r.batched.items()) or "none"
-    return (f"{r.stop_reason} after {r.iterations} iterations ({r.enodes} e-nodes), {r.extractor} "
-            f"extraction; batched: {batched}; dropped: {', '.join(r.dropped_batches) or 'none'}; "
-            f"refine tried: {r.refine_tried or 'none'}; group moves: {r.group_moves or 'none'}"
-            + (f"; FELL BACK: {r.fallback_reason}" if r.fell_back else ""))
+    return (
+        f"{r.stop_reason} after {r.iterations} iterations ({r.enodes} e-nodes), {r.extractor} "
+        f"extraction; batched: {batched}; dropped: {', '.join(r.dropped_batches) or 'none'}; "
+        f"refine tried: {r.refine_tried or 'none'}; group moves: {r.group_moves or 'none'}"
+        + (f"; FELL BACK: {r.fallback_reason}" if r.fell_back else "")
+    )
 
 
 def _ratio(a: float, b: float) -> float:
@@ -192,8 +196,12 @@ def study_row(generator: str, features: int, options: StudyOptions = StudyOption
     inputs = spec.inputs(options.batch, options.seed, features)
     gm, ex = capture_dynamo_graph(model, inputs)
     variants = [v for v in ("inf", "frozen", "train") if options.training or v != "train"]
-    row: dict[str, Any] = {"generator": generator, "features": features, "batch": options.batch,
-                           "fx_nodes": len(gm.graph.nodes)}
+    row: dict[str, Any] = {
+        "generator": generator,
+        "features": features,
+        "batch": options.batch,
+        "fx_nodes": len(gm.graph.nodes),
+    }
     details: list[str] = []
     ours: dict[tuple[str, str], Optimized] = {}
     for profile in options.profiles:
@@ -204,8 +212,9 @@ def study_row(generator: str, features: int, options: StudyOptions = StudyOption
             row[f"opt_s_{profile}_{label}"] = round(opt.wall_s, 2)
             row[f"opt_cpu_s_{profile}_{label}"] = round(opt.cpu_s, 2)
             row[f"stop_{profile}_{label}"] = opt.report.stop_reason
-            details.append(f"- ours {profile} {label} ({opt.wall_s:.1f} s wall, {opt.cpu_s:.1f} s CPU): "
-                           f"{report_text(opt)}")
+            details.append(
+                f"- ours {profile} {label} ({opt.wall_s:.1f} s wall, {opt.cpu_s:.1f} s CPU): {report_text(opt)}"
+            )
     theirs = None
     if options.inductor_optimus:
         theirs, row["inductor_passes_s"] = inductor_optimus(gm, ex)
@@ -222,7 +231,10 @@ def study_row(generator: str, features: int, options: StudyOptions = StudyOption
         for variant in variants:
             if (profile, variant) not in ours:
                 continue
-            default, mine = step_us(gm, ex, profile, variant), step_us(ours[profile, variant].graph, ex, profile, variant)
+            default, mine = (
+                step_us(gm, ex, profile, variant),
+                step_us(ours[profile, variant].graph, ex, profile, variant),
+            )
             row[f"pred_{profile}_{variant}_default_us"], row[f"pred_{profile}_{variant}_ours_us"] = default, mine
             row[f"pred_{profile}_{variant}_x"] = round(default / max(mine, 1e-9), 2)
     if options.floor and generator == "ragged":
@@ -233,8 +245,9 @@ def study_row(generator: str, features: int, options: StudyOptions = StudyOption
     return row
 
 
-def _floor_columns(model: torch.nn.Module, inputs: tuple, row: dict[str, Any], variants: list[str],
-                   details: list[str]) -> dict[str, Any]:
+def _floor_columns(
+    model: torch.nn.Module, inputs: tuple, row: dict[str, Any], variants: list[str], details: list[str]
+) -> dict[str, Any]:
     """The ragged generator's floors of predicted h200 launches (benchmarks/extreme_floor.py):
     ``floor_{variant}``, the fewest of the programs in the optimizer's vocabulary (per_width,
     padded, or Dynamo's graph itself: at a few features batching does not pay);
@@ -248,8 +261,10 @@ def _floor_columns(model: torch.nn.Module, inputs: tuple, row: dict[str, Any], v
     for family, result in found.items():
         if result["max_abs_diff"] > 1e-4:
             raise RuntimeError(f"floor program {family} computes another function ({result['max_abs_diff']})")
-        details.append(f"- floor {family}: " + "; ".join(
-            f"{v} {result[v]} ({result[f'{v}_notes']})" for v in variants if f"{v}_notes" in result))
+        details.append(
+            f"- floor {family}: "
+            + "; ".join(f"{v} {result[v]} ({result[f'{v}_notes']})" for v in variants if f"{v}_notes" in result)
+        )
     for variant in variants:
         family = min(("per_width", "padded", "default"), key=lambda f: found[f][variant])
         out[f"floor_{variant}"], out[f"floor_{variant}_family"] = found[family][variant], family
@@ -259,9 +274,15 @@ def _floor_columns(model: torch.nn.Module, inputs: tuple, row: dict[str, Any], v
     return out
 
 
-def _inductor_columns(model: torch.nn.Module, inputs: tuple, gm: torch.fx.GraphModule, ex: list,
-                      ours: dict[tuple[str, str], Optimized], variants: list[str],
-                      options: StudyOptions) -> dict[str, Any]:
+def _inductor_columns(
+    model: torch.nn.Module,
+    inputs: tuple,
+    gm: torch.fx.GraphModule,
+    ex: list,
+    ours: dict[tuple[str, str], Optimized],
+    variants: list[str],
+    options: StudyOptions,
+) -> dict[str, Any]:
     """Inductor's CPU kernel counts and measured CPU step times of default and ours (cpu)."""
     from benchmarks.extreme_cpu import compile_and_time
 
@@ -291,12 +312,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generator", default="both", choices=("ragged", "uniform", "both"))
     parser.add_argument("--features", default="20,100,500,2000")
-    parser.add_argument("--training", default="20,100,500,2000",
-                        help="feature counts (comma-separated) that also get the training columns")
-    parser.add_argument("--inductor", default="20,100",
-                        help="feature counts compiled by Inductor on this CPU: kernel counts, measured step")
-    parser.add_argument("--no-inductor-optimus", action="store_true",
-                        help="skip Inductor's Optimus pre-grad passes (minutes at 2,000 features)")
+    parser.add_argument(
+        "--training",
+        default="20,100,500,2000",
+        help="feature counts (comma-separated) that also get the training columns",
+    )
+    parser.add_argument(
+        "--inductor",
+        default="20,100",
+        help="feature counts compiled by Inductor on this CPU: kernel counts, measured step",
+    )
+    parser.add_argument(
+        "--no-inductor-optimus",
+        action="store_true",
+        help="skip Inductor's Optimus pre-grad passes (minutes at 2,000 features)",
+    )
     parser.add_argument("--no-floor", action="store_true", help="skip the ragged generator's floor programs")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/extreme/GENERATOR")
@@ -308,8 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     for generator in generators:
         for features in _sizes(args.features):
             start = time.perf_counter()
-            options = StudyOptions(batch=args.batch, training=features in training, inductor=features in inductor,
-                                   inductor_optimus=not args.no_inductor_optimus, floor=not args.no_floor)
+            options = StudyOptions(
+                batch=args.batch,
+                training=features in training,
+                inductor=features in inductor,
+                inductor_optimus=not args.no_inductor_optimus,
+                floor=not args.no_floor,
+            )
             rows.append(study_row(generator, features, options))
             print(f"{generator} {features}: {time.perf_counter() - start:.0f} s", flush=True)
             write_study(rows, args, args.out)  # after every row: a long run leaves what it has

@@ -80,18 +80,26 @@ def run_case(flavour: str, seed: int) -> dict[str, Any]:
         if FLAVOURS[flavour][0].get("dynamic_batch"):
             row["second_batch_checked"] = check_dynamic_batch(g, result)
     except AssertionError as exc:
-        return row | {"outcome": "mismatch", "seconds": time.perf_counter() - start,
-                      "error": "".join(traceback.format_exception_only(exc))[:600]}
+        return row | {
+            "outcome": "mismatch",
+            "seconds": time.perf_counter() - start,
+            "error": "".join(traceback.format_exception_only(exc))[:600],
+        }
     except Exception as exc:
-        return row | {"outcome": "crash", "seconds": time.perf_counter() - start,
-                      "error": "".join(traceback.format_exception(exc))[-1500:]}
+        return row | {
+            "outcome": "crash",
+            "seconds": time.perf_counter() - start,
+            "error": "".join(traceback.format_exception(exc))[-1500:],
+        }
     report = result.meta["optimus_eqsat"]
     row["seconds"] = time.perf_counter() - start
     row["fx_nodes_after"] = len(result.graph.nodes)
     row["launches"] = [report.launches_before, report.launches_after]
     # (no prediction where the optimizer declined the graph before pricing it: a dynamic size pinned)
-    row["predicted_slower"] = None not in (report.cost_before, report.cost_after) \
-        and report.cost_after > report.cost_before * (1 + 1e-9)
+    row["predicted_slower"] = None not in (
+        report.cost_before,
+        report.cost_after,
+    ) and report.cost_after > report.cost_before * (1 + 1e-9)
     if report.fell_back:
         row |= {"outcome": "fallback", "reason": (report.fallback_reason or "")[:200]}
     else:
@@ -108,44 +116,71 @@ def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None)
     by_flavour: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_flavour[r["flavour"]].append(r)
-    lines = [f"# Differential fuzzing at scale: {len(rows)} graphs", "", f"Command: `{command}`", "",
-             "Each graph optimized with `raise_on_error=True, never_worse=False` and compared with eager (outputs, gradients "
-             "of float inputs and parameters; low precision against float64 arbitration).", "",
-             "| flavour | graphs | " + " | ".join(OUTCOMES) + " | s/graph (median) | s/graph (max) | FX nodes (median before -> after) |",
-             "|---" * (len(OUTCOMES) + 5) + "|"]
+    lines = [
+        f"# Differential fuzzing at scale: {len(rows)} graphs",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Each graph optimized with `raise_on_error=True, never_worse=False` and compared with eager (outputs, gradients "
+        "of float inputs and parameters; low precision against float64 arbitration).",
+        "",
+        "| flavour | graphs | "
+        + " | ".join(OUTCOMES)
+        + " | s/graph (median) | s/graph (max) | FX nodes (median before -> after) |",
+        "|---" * (len(OUTCOMES) + 5) + "|",
+    ]
     for flavour, rs in list(by_flavour.items()) + [("all", rows)]:
         counts = Counter(r["outcome"] for r in rs)
         secs = [r["seconds"] for r in rs if "seconds" in r] or [0.0]
         before = [r["fx_nodes"] for r in rs if "fx_nodes_after" in r] or [0]
         after = [r["fx_nodes_after"] for r in rs if "fx_nodes_after" in r] or [0]
-        lines.append(f"| {flavour} | {len(rs)} | " + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
-                     + f" | {statistics.median(secs):.2f} | {max(secs):.1f} | {statistics.median(before):.0f} -> {statistics.median(after):.0f} |")
+        lines.append(
+            f"| {flavour} | {len(rs)} | "
+            + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
+            + f" | {statistics.median(secs):.2f} | {max(secs):.1f} | {statistics.median(before):.0f} -> {statistics.median(after):.0f} |"
+        )
     slower = sum(bool(r.get("predicted_slower")) for r in rows)
-    lines += ["", f"Predicted slower than the original (checked all the same; `never_worse`, on by default, "
-              f"would have returned the original): {slower} of {len(rows)}."]
+    lines += [
+        "",
+        f"Predicted slower than the original (checked all the same; `never_worse`, on by default, "
+        f"would have returned the original): {slower} of {len(rows)}.",
+    ]
     dyn = [r for r in rows if "second_batch_checked" in r]
     if dyn:
-        lines += ["", f"Dynamic batch: {sum(r['second_batch_checked'] for r in dyn)} of {len(dyn)} graphs also "
-                  "checked at a batch 3 larger (the others specialize their batch, or eager refuses the new size)."]
+        lines += [
+            "",
+            f"Dynamic batch: {sum(r['second_batch_checked'] for r in dyn)} of {len(dyn)} graphs also "
+            "checked at a batch 3 larger (the others specialize their batch, or eager refuses the new size).",
+        ]
     low = [r for r in rows if r["flavour"] in ("bf16", "fp16")]
     if low:
-        lines += [f"Low precision: {sum(not r.get('low_precision_kept_fp32') for r in low)} of {len(low)} graphs ran "
-                  "in their dtype (the others hold an op eager lacks in it and stayed float32)."]
+        lines += [
+            f"Low precision: {sum(not r.get('low_precision_kept_fp32') for r in low)} of {len(low)} graphs ran "
+            "in their dtype (the others hold an op eager lacks in it and stayed float32)."
+        ]
     reasons = Counter(_reason_key(r.get("reason", "")) for r in rows if r["outcome"] == "fallback")
     if reasons:
         lines += ["", "Fallback reasons:", ""] + [f"- {n} x {k}" for k, n in reasons.most_common()]
     first = _read([out / "first_pass_failures.jsonl"]) if out is not None else []
     if first:
-        lines += ["", "First pass: these cases failed and were run again after the fixes they led to "
-                  "(their rows above are the second run; tests/test_fuzz.py::test_cases_found_at_scale "
-                  "keeps them):", ""]
-        lines += [f"- {r['flavour']}-{r['seed']} {r['outcome']}: {r.get('error', '').strip().splitlines()[-1][:200]}"
-                  for r in first]
+        lines += [
+            "",
+            "First pass: these cases failed and were run again after the fixes they led to "
+            "(their rows above are the second run; tests/test_fuzz.py::test_cases_found_at_scale "
+            "keeps them):",
+            "",
+        ]
+        lines += [
+            f"- {r['flavour']}-{r['seed']} {r['outcome']}: {r.get('error', '').strip().splitlines()[-1][:200]}"
+            for r in first
+        ]
     bad = [r for r in rows if r["outcome"] in ("mismatch", "crash", "generator_error")]
     if bad:
         lines += ["", "Failures (reproduce: `make_case(flavour, seed)` in tests/test_fuzz.py):", ""]
-        lines += [f"- {r['flavour']}-{r['seed']} {r['outcome']}: {r.get('error', '').splitlines()[-1] if r.get('error') else ''}"
-                  for r in bad[:50]]
+        lines += [
+            f"- {r['flavour']}-{r['seed']} {r['outcome']}: {r.get('error', '').splitlines()[-1] if r.get('error') else ''}"
+            for r in bad[:50]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -163,17 +198,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shard", default="1/1", help="K/N: run every N-th case from the K-th")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fuzz")
     ap.add_argument("--merge", action="store_true", help="only write summary.md from the shards' files")
-    ap.add_argument("--reverse", action="store_true",
-                    help="a helper for a running shard: take its cases from the end (own file), stop where they meet")
+    ap.add_argument(
+        "--reverse",
+        action="store_true",
+        help="a helper for a running shard: take its cases from the end (own file), stop where they meet",
+    )
     args = ap.parse_args(argv)
     logging.getLogger("optimus_eqsat").setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
     k, n = (int(v) for v in args.shard.split("/"))
-    command = f"python -m benchmarks.fuzz_at_scale --graphs {args.graphs}" + (f" (shards 1/{n}..{n}/{n})" if n > 1 else "")
+    command = f"python -m benchmarks.fuzz_at_scale --graphs {args.graphs}" + (
+        f" (shards 1/{n}..{n}/{n})" if n > 1 else ""
+    )
     if not args.merge:
         forward = args.out / f"cases-{k}-of-{n}.jsonl"
         path = args.out / f"cases-{k}-of-{n}-reverse.jsonl" if args.reverse else forward
-        done = {(r["flavour"], r["seed"]) for r in _read([forward, forward.with_name(f"cases-{k}-of-{n}-reverse.jsonl")])}
+        done = {
+            (r["flavour"], r["seed"]) for r in _read([forward, forward.with_name(f"cases-{k}-of-{n}-reverse.jsonl")])
+        }
         todo = [c for i, c in enumerate(plan(args.graphs)) if i % n == k - 1 and c not in done]
         if args.reverse:
             todo.reverse()

@@ -40,8 +40,10 @@ CASES = {
 def _operands(shapes, dtype, requires_grad):
     g = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randn(m, k, device="cuda", dtype=dtype, generator=g, requires_grad=requires_grad) for m, k, _ in shapes]
-    ws = [torch.randn(n, k, device="cuda", dtype=dtype, generator=g, requires_grad=requires_grad) / k ** 0.5
-          for _, k, n in shapes]
+    ws = [
+        torch.randn(n, k, device="cuda", dtype=dtype, generator=g, requires_grad=requires_grad) / k**0.5
+        for _, k, n in shapes
+    ]
     bs = [torch.randn(n, device="cuda", dtype=dtype, generator=g, requires_grad=requires_grad) for _, _, n in shapes]
     return xs, ws, bs
 
@@ -55,8 +57,9 @@ def _kernels(fn) -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name
-               and "Memset" not in e.name)
+    return sum(
+        1 for e in prof.events() if e.device_type.name == "CUDA" and "Memcpy" not in e.name and "Memset" not in e.name
+    )
 
 
 def _host_ms(fn, calls: int = 20) -> float:
@@ -84,8 +87,9 @@ def check(name: str, shapes, dtype: torch.dtype) -> dict[str, object]:
     got = torch.autograd.grad(ys, [*xs, *ws, *bs], grads_out)
     ref_ys = [F.linear(x, w, b) for x, w, b in zip(xs, ws, bs)]
     want = torch.autograd.grad(ref_ys, [*xs, *ws, *bs], grads_out)
-    grad_err = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
-                   for a, b in zip(got, want))
+    grad_err = max(
+        ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item() for a, b in zip(got, want)
+    )
 
     with torch.no_grad():
         xs0, ws0, bs0 = [x.detach() for x in xs], [w.detach() for w in ws], [b.detach() for b in bs]
@@ -104,13 +108,21 @@ def check(name: str, shapes, dtype: torch.dtype) -> dict[str, object]:
     tb_fused, tb_loop = do_bench(fused_bwd), do_bench(loop_bwd)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     return {
-        "case": name, "dtype": str(dtype).replace("torch.", ""), "groups": len(shapes),
-        "fwd_rel_err": fwd_err, "grad_rel_err": grad_err, "ok": fwd_err < tol and grad_err < 10 * tol,
-        "fwd_kernels_grouped": launches_fused, "fwd_kernels_loop": launches_loop,
-        "fwd_ms_grouped": round(t_fused, 4), "fwd_ms_loop": round(t_loop, 4),
+        "case": name,
+        "dtype": str(dtype).replace("torch.", ""),
+        "groups": len(shapes),
+        "fwd_rel_err": fwd_err,
+        "grad_rel_err": grad_err,
+        "ok": fwd_err < tol and grad_err < 10 * tol,
+        "fwd_kernels_grouped": launches_fused,
+        "fwd_kernels_loop": launches_loop,
+        "fwd_ms_grouped": round(t_fused, 4),
+        "fwd_ms_loop": round(t_loop, 4),
         "fwd_speedup": round(t_loop / t_fused, 2),
-        "fwd_host_ms_grouped": round(host_fused, 4), "fwd_host_ms_loop": round(host_loop, 4),
-        "fwd_bwd_ms_grouped": round(tb_fused, 4), "fwd_bwd_ms_loop": round(tb_loop, 4),
+        "fwd_host_ms_grouped": round(host_fused, 4),
+        "fwd_host_ms_loop": round(host_loop, 4),
+        "fwd_bwd_ms_grouped": round(tb_fused, 4),
+        "fwd_bwd_ms_loop": round(tb_loop, 4),
         "fwd_bwd_speedup": round(tb_loop / tb_fused, 2),
     }
 
@@ -136,8 +148,10 @@ def check_backend_mode(mode: str, training: bool, device: str = "cuda") -> dict[
         if training:
             out.sum().backward()
             want.sum().backward()
-            worst = max(worst, *((p.grad - q.grad).abs().max().item()
-                                 for p, q in zip(model.parameters(), reference.parameters())))
+            worst = max(
+                worst,
+                *((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())),
+            )
     return {"case": f"backend mode={mode}", "training": training, "max_abs_diff": worst, "ok": worst < 1e-3}
 
 
@@ -164,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 row = check_backend_mode(mode, training)
             except Exception as exc:
-                row = {"case": f"backend mode={mode}", "training": training, "ok": False,
-                       "error": f"{type(exc).__name__}: {exc}"}
+                row = {
+                    "case": f"backend mode={mode}",
+                    "training": training,
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
             ok &= bool(row["ok"])
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -34,16 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     inputs = tuple(t.cuda() for t in spec.inputs(args.batch))
     methods = {
         "inductor": {},
-        "inductor_optimus": {"options": {"pre_grad_fusion_options": OPTIMUS_PRE_GRAD,
-                                         "post_grad_fusion_options": OPTIMUS_POST_GRAD}},
+        "inductor_optimus": {
+            "options": {"pre_grad_fusion_options": OPTIMUS_PRE_GRAD, "post_grad_fusion_options": OPTIMUS_POST_GRAD}
+        },
         "optimus_eqsat": {"backend": make_backend()},
     }
     for name, kwargs in methods.items():
         torch._dynamo.reset()
         count = count_inductor_kernels(model, inputs, **kwargs)
         (out / f"{args.model}_{name}.py").write_text("\n\n# ---- next graph ----\n\n".join(count.code))
-        print(f"{args.model} {name}: generated {count.generated}, extern {count.extern}, total {count.total}",
-              flush=True)
+        print(
+            f"{args.model} {name}: generated {count.generated}, extern {count.extern}, total {count.total}", flush=True
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ A method that fails in any phase becomes a row with ``error`` set; the others
 go on. See ``python -m benchmarks -h`` for the CLI and :mod:`benchmarks.report`
 for the outputs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,15 @@ class Case:
         return spec.with_rows(self.rows) if self.rows and spec.rows else spec
 
     def labels(self) -> dict[str, Any]:
-        return {"model": self.model, "scale": self.scale, "batch": self.batch, "mode": self.mode,
-                "threads": self.threads, "device": self.device, "rows": self.spec().rows}
+        return {
+            "model": self.model,
+            "scale": self.scale,
+            "batch": self.batch,
+            "mode": self.mode,
+            "threads": self.threads,
+            "device": self.device,
+            "rows": self.spec().rows,
+        }
 
     def __str__(self) -> str:
         return f"{self.model}/s{self.scale}/b{self.batch}/{self.mode}/t{self.threads}"
@@ -179,9 +187,7 @@ def _compile(method: Method, ref: Reference, case: Case, config: BenchConfig, ro
         measure.sync(case.device)
         first_step_s = time.perf_counter() - start
         row["max_abs_diff_out"] = measure.max_abs_diff(outputs, ref.outputs)
-        row["max_abs_diff_grad"] = (
-            measure.max_abs_diff(measure.gradients(model), ref.grads) if case.training else NAN
-        )
+        row["max_abs_diff_grad"] = measure.max_abs_diff(measure.gradients(model), ref.grads) if case.training else NAN
     if not method.compiled:
         _trace_only(model, ref.inputs, record)
     elif record.graphs == 0:
@@ -400,10 +406,12 @@ def _add_case_ratios(rows: list[dict[str, Any]]) -> None:
     same case (step time has its own paired ratio from the rounds)."""
     base = next((r for r in rows if r["method"] == BASELINE and not r["error"]), {})
     for r in rows:
-        for column, ratio in (("inductor_launches", "launch_ratio_vs_inductor"),
-                              ("peak_mem_mb", "peak_mem_ratio_vs_inductor"),
-                              ("peak_total_mb", "peak_total_ratio_vs_inductor"),
-                              ("compile_s", "compile_ratio_vs_inductor")):
+        for column, ratio in (
+            ("inductor_launches", "launch_ratio_vs_inductor"),
+            ("peak_mem_mb", "peak_mem_ratio_vs_inductor"),
+            ("peak_total_mb", "peak_total_ratio_vs_inductor"),
+            ("compile_s", "compile_ratio_vs_inductor"),
+        ):
             r[ratio] = _ratio(r.get(column), base.get(column))
         r.setdefault("run_ratio_vs_inductor", NAN)
 

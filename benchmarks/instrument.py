@@ -5,6 +5,7 @@ Everything from the optimus_eqsat package is imported lazily and optional: a
 piece that does not exist yet yields NaN (or an empty dict), never an error,
 so the harness runs while the library is being written.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -262,9 +263,7 @@ def observe_optimizers(record: CompileRecord, observe_pre_grad: bool) -> Iterato
         stack.enter_context(
             _wrapped([(compile_fx, "pre_grad_passes")], _timed(record, "inductor_passes_s", observe_pre_grad))
         )
-        stack.enter_context(
-            _wrapped([(compile_fx, "post_grad_passes")], _timed(record, "inductor_passes_s", False))
-        )
+        stack.enter_context(_wrapped([(compile_fx, "post_grad_passes")], _timed(record, "inductor_passes_s", False)))
         yield
 
 
@@ -289,7 +288,6 @@ def capture_output_code() -> Iterator[list[str]]:
 
     with mock.patch.object(GraphLowering, "save_output_code", save_output_code):
         yield codes
-
 
 
 _EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")

@@ -17,6 +17,7 @@ configurations with random inputs:
     python -m benchmarks.library_models --check --time --batches 256 --threads 1 \\
         --out benchmarks/results/library
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,14 +48,26 @@ def _rechub_builders() -> dict[str, Callable[[int], Case]]:
             sparse = [SparseFeature(f"s{i}", 100, 8) for i in range(6)]
             dense = [DenseFeature(f"d{i}") for i in range(3)]
             # a behaviour sequence and a target item, both looked up in s0's table
-            extra = [SequenceFeature("h0", 100, 8, pooling="concat", shared_with="s0"),
-                     SparseFeature("t0", 100, 8, shared_with="s0")] if history else []
+            extra = (
+                [
+                    SequenceFeature("h0", 100, 8, pooling="concat", shared_with="s0"),
+                    SparseFeature("t0", 100, 8, shared_with="s0"),
+                ]
+                if history
+                else []
+            )
             model = make(sparse, dense, *extra)
             features = [*sparse, *dense, *extra]
-            inputs = {f.name: torch.randint(0, 100, (batch, 5)) if isinstance(f, SequenceFeature)
-                      else torch.randint(0, 100, (batch,)) if isinstance(f, SparseFeature)
-                      else torch.randn(batch) for f in features}
+            inputs = {
+                f.name: torch.randint(0, 100, (batch, 5))
+                if isinstance(f, SequenceFeature)
+                else torch.randint(0, 100, (batch,))
+                if isinstance(f, SparseFeature)
+                else torch.randn(batch)
+                for f in features
+            }
             return model, (inputs,)
+
         return build
 
     mlp, towers = {"dims": [32, 16]}, [{"dims": [8]}, {"dims": [8]}]
@@ -69,8 +82,10 @@ def _rechub_builders() -> dict[str, Callable[[int], Case]]:
         "rechub.DCNv2": case(lambda s, d: rk.DCNv2(s + d, 3, mlp)),
         "rechub.AutoInt": case(lambda s, d: rk.AutoInt(s, d, mlp_params=mlp)),
         "rechub.FiBiNet": case(lambda s, d: rk.FiBiNet(s, mlp)),
-        "rechub.DIN": case(lambda s, d, seq, target: rk.DIN(s, [seq], [target], mlp,
-                                                            {"dims": [16], "activation": "dice"}), history=True),
+        "rechub.DIN": case(
+            lambda s, d, seq, target: rk.DIN(s, [seq], [target], mlp, {"dims": [16], "activation": "dice"}),
+            history=True,
+        ),
     }
 
 
@@ -80,18 +95,32 @@ def _deepctr_builders() -> dict[str, Callable[[int], Case]]:
 
     def case(make: Callable[[list], torch.nn.Module]) -> Callable[[int], Case]:
         def build(batch: int) -> Case:
-            columns = [SparseFeat(f"s{i}", 50, embedding_dim=8) for i in range(6)] + [DenseFeat(f"d{i}", 1) for i in range(3)]
+            columns = [SparseFeat(f"s{i}", 50, embedding_dim=8) for i in range(6)] + [
+                DenseFeat(f"d{i}", 1) for i in range(3)
+            ]
             model = make(columns)
             x = torch.cat([torch.randint(0, 50, (batch, 6)).float(), torch.randn(batch, 3)], dim=1)
             return model, (x,)
+
         return build
 
-    return {f"deepctr.{name}": case(make) for name, make in {
-        "WDL": lambda c: dc.WDL(c, c), "DeepFM": lambda c: dc.DeepFM(c, c), "xDeepFM": lambda c: dc.xDeepFM(c, c),
-        "DCN": lambda c: dc.DCN(c, c), "DCNMix": lambda c: dc.DCNMix(c, c), "AutoInt": lambda c: dc.AutoInt(c, c),
-        "FiBiNET": lambda c: dc.FiBiNET(c, c), "NFM": lambda c: dc.NFM(c, c), "AFN": lambda c: dc.AFN(c, c),
-        "MMOE": lambda c: dc.MMOE(c), "PLE": lambda c: dc.PLE(c), "ESMM": lambda c: dc.ESMM(c),
-    }.items()}
+    return {
+        f"deepctr.{name}": case(make)
+        for name, make in {
+            "WDL": lambda c: dc.WDL(c, c),
+            "DeepFM": lambda c: dc.DeepFM(c, c),
+            "xDeepFM": lambda c: dc.xDeepFM(c, c),
+            "DCN": lambda c: dc.DCN(c, c),
+            "DCNMix": lambda c: dc.DCNMix(c, c),
+            "AutoInt": lambda c: dc.AutoInt(c, c),
+            "FiBiNET": lambda c: dc.FiBiNET(c, c),
+            "NFM": lambda c: dc.NFM(c, c),
+            "AFN": lambda c: dc.AFN(c, c),
+            "MMOE": lambda c: dc.MMOE(c),
+            "PLE": lambda c: dc.PLE(c),
+            "ESMM": lambda c: dc.ESMM(c),
+        }.items()
+    }
 
 
 def library_cases() -> dict[str, Callable[[int], Case]]:
@@ -125,8 +154,11 @@ def check(build: Callable[[int], Case], batch: int, training: bool, measure: boo
     with torch.set_grad_enabled(training):
         want = model(*inputs)
         got = torch.compile(ours, backend=backend)(*inputs)
-    row = {"output_err": (got - want).abs().max().item(), "grad_err": 0.0,
-           "fallback": "; ".join(r.fallback_reason for r in backend.reports if r.fallback_reason)}
+    row = {
+        "output_err": (got - want).abs().max().item(),
+        "grad_err": 0.0,
+        "fallback": "; ".join(r.fallback_reason for r in backend.reports if r.fallback_reason),
+    }
     if training:
         _loss(want).backward()
         _loss(got).backward()
@@ -136,13 +168,20 @@ def check(build: Callable[[int], Case], batch: int, training: bool, measure: boo
                 row["grad_err"] = float("inf")
             elif p.grad is not None:
                 row["grad_err"] = max(row["grad_err"], (p.grad - q.grad).abs().max().item() / scale)
-    row["buffer_err"] = max([(a - b).abs().max().item() for a, b in zip(model.buffers(), ours.buffers())
-                             if a.is_floating_point() and a.numel()], default=0.0)
+    row["buffer_err"] = max(
+        [
+            (a - b).abs().max().item()
+            for a, b in zip(model.buffers(), ours.buffers())
+            if a.is_floating_point() and a.numel()
+        ],
+        default=0.0,
+    )
     return row
 
 
-def time_step(build: Callable[[int], Case], batch: int, training: bool, plan: RoundPlan,
-              clock: str = "wall") -> dict[str, Any]:
+def time_step(
+    build: Callable[[int], Case], batch: int, training: bool, plan: RoundPlan, clock: str = "wall"
+) -> dict[str, Any]:
     """Step time of the default backend and of Inductor, interleaved: medians and the paired ratio
     (``clock``: :func:`benchmarks.measure.timed_step`'s)."""
     steps, compile_s = {}, {}
@@ -160,11 +199,16 @@ def time_step(build: Callable[[int], Case], batch: int, training: bool, plan: Ro
     rounds = run_rounds(steps, plan, baseline="inductor")
     ratios = rounds.ratios("inductor")["optimus_eqsat"]
     deciles = statistics.quantiles(ratios, n=10) if len(ratios) > 1 else [ratios[0]] * 9
-    return {"inductor_ms": statistics.median(rounds.round_ms["inductor"]),
-            "ours_ms": statistics.median(rounds.round_ms["optimus_eqsat"]),
-            "ratio": statistics.median(ratios), "ratio_p10": deciles[0], "ratio_p90": deciles[-1],
-            "rounds": len(ratios), "first_call_s_inductor": compile_s["inductor"],
-            "first_call_s_ours": compile_s["optimus_eqsat"]}
+    return {
+        "inductor_ms": statistics.median(rounds.round_ms["inductor"]),
+        "ours_ms": statistics.median(rounds.round_ms["optimus_eqsat"]),
+        "ratio": statistics.median(ratios),
+        "ratio_p10": deciles[0],
+        "ratio_p90": deciles[-1],
+        "rounds": len(ratios),
+        "first_call_s_inductor": compile_s["inductor"],
+        "first_call_s_ours": compile_s["optimus_eqsat"],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,8 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--time", action="store_true")
     parser.add_argument("--max-rounds", type=int, default=20)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: this process's CPU time (one thread; a shared machine's preemption not counted)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this process's CPU time (one thread; a shared machine's preemption not counted)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for library.csv")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -1,5 +1,6 @@
 """Running one step and measuring it: steady-state time, peak memory, and
 numeric difference from eager."""
+
 from __future__ import annotations
 
 import re

@@ -26,6 +26,7 @@ step before each call (``torch.compiler.cudagraph_mark_step_begin``): methods
 take turns, and without the mark the graph trees would take another method's
 call for a continuation of the last one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -229,8 +230,7 @@ def make_methods(names: list[str], eqsat_variants: list[EqsatOptions], device: s
             cudagraphs = name == "optimus_eqsat_cudagraphs"
             config = dict(reduce_overhead_inductor().config) if cudagraphs else {}
             methods.extend(
-                Method(name, inductor_config=config, eqsat=variant, cudagraphs=cudagraphs)
-                for variant in eqsat_variants
+                Method(name, inductor_config=config, eqsat=variant, cudagraphs=cudagraphs) for variant in eqsat_variants
             )
         else:
             raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHOD_NAMES)}")

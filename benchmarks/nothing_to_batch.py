@@ -12,6 +12,7 @@ the median of ``--steps`` further steps, one thread.
 Models: :mod:`benchmarks.plain_models` (torchvision's ResNet-18 layout on 64x64 images,
 a 4-layer BERT encoder on 64 tokens), batch ``--batch``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,24 @@ def run(model: str, method: str, batch: int, steps: int) -> dict[str, Any]:
     """:func:`child` in a fresh process with an empty Inductor cache directory."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-        out = subprocess.run([sys.executable, "-m", "benchmarks.nothing_to_batch", "--child", model, method,
-                              "--batch", str(batch), "--steps", str(steps)],
-                             env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.nothing_to_batch",
+                "--child",
+                model,
+                method,
+                "--batch",
+                str(batch),
+                "--steps",
+                str(steps),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -80,26 +96,40 @@ def main(argv: list[str] | None = None) -> int:
             for method in round_order(list(METHODS), k):
                 result = run(model, method, args.batch, args.steps)
                 runs.setdefault((model, method), []).append(result)
-                print(f"round {k}: {model} {method}: first step {result['first_s']:.1f} s, "
-                      f"step {result['step_ms']:.1f} ms", file=sys.stderr, flush=True)
-    lines = ["| model | Inductor first step s | ours first step s | ours / Inductor, first step: median [p10, p90] "
-             "| Inductor step ms | ours step ms | ours / Inductor, step: median [p10, p90] |", "|---|---|---|---|---|---|---|"]
+                print(
+                    f"round {k}: {model} {method}: first step {result['first_s']:.1f} s, "
+                    f"step {result['step_ms']:.1f} ms",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    lines = [
+        "| model | Inductor first step s | ours first step s | ours / Inductor, first step: median [p10, p90] "
+        "| Inductor step ms | ours step ms | ours / Inductor, step: median [p10, p90] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model in models:
         ind, ours = runs[(model, "inductor")], runs[(model, "optimus_eqsat")]
         first = [o["first_s"] / i["first_s"] for i, o in zip(ind, ours)]
         step = [o["step_ms"] / i["step_ms"] for i, o in zip(ind, ours)]
-        lines.append(f"| {model} | {statistics.median(r['first_s'] for r in ind):.1f} | "
-                     f"{statistics.median(r['first_s'] for r in ours):.1f} | {spread(first)} | "
-                     f"{statistics.median(r['step_ms'] for r in ind):.1f} | {statistics.median(r['step_ms'] for r in ours):.1f} | "
-                     f"{spread(step)} |")
+        lines.append(
+            f"| {model} | {statistics.median(r['first_s'] for r in ind):.1f} | "
+            f"{statistics.median(r['first_s'] for r in ours):.1f} | {spread(first)} | "
+            f"{statistics.median(r['step_ms'] for r in ind):.1f} | {statistics.median(r['step_ms'] for r in ours):.1f} | "
+            f"{spread(step)} |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:
         command = " ".join(["python -m benchmarks.nothing_to_batch", *(argv if argv is not None else sys.argv[1:])])
-        head = ["# Models with nothing to batch: cold compile and step time in training", "",
-                f"Command: `{command}`", "",
-                f"Batch {args.batch}, one thread, CPU ({os.cpu_count()} cores, shared); each run its own process with an "
-                "empty Inductor cache; ratios paired per round (median and 10th / 90th percentiles).", ""]
+        head = [
+            "# Models with nothing to batch: cold compile and step time in training",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"Batch {args.batch}, one thread, CPU ({os.cpu_count()} cores, shared); each run its own process with an "
+            "empty Inductor cache; ratios paired per round (median and 10th / 90th percentiles).",
+            "",
+        ]
         Path(args.out).write_text("\n".join(head) + table + "\n")
     return 0
 

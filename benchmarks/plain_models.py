@@ -16,6 +16,7 @@ the compiler:
 ``BUILDERS`` maps a name to ``(batch, seed=0) -> (model, inputs)``; models are in
 training mode.
 """
+
 from __future__ import annotations
 
 import math
@@ -106,8 +107,17 @@ class BertLayer(nn.Module):
 class Bert(nn.Module):
     """A BERT encoder with a pooled classification head."""
 
-    def __init__(self, vocab: int = 1000, hidden: int = 128, layers: int = 4, heads: int = 4,
-                 intermediate: int = 512, max_len: int = 64, dropout: float = 0.1, classes: int = 2) -> None:
+    def __init__(
+        self,
+        vocab: int = 1000,
+        hidden: int = 128,
+        layers: int = 4,
+        heads: int = 4,
+        intermediate: int = 512,
+        max_len: int = 64,
+        dropout: float = 0.1,
+        classes: int = 2,
+    ) -> None:
         super().__init__()
         self.word = nn.Embedding(vocab, hidden)
         self.position = nn.Embedding(max_len, hidden)

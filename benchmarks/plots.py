@@ -8,6 +8,7 @@
   (and by kind), for the smallest batch.
 - ``optimizer_time.png``: graph optimizer seconds against Dynamo graph size.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,13 @@ def write_plots(df: pd.DataFrame, out: Path) -> list[Path]:
     matplotlib.use("Agg")  # headless; before pyplot is imported
     ok = df[df["error"] == ""].assign(series=series_label(df))
     paths = [
-        _plot_ratio(ok, "run_ratio_vs_inductor", "step time / Inductor default", out / "step_time_ratio.png",
-                    spread=("run_ratio_p10", "run_ratio_p90")),
+        _plot_ratio(
+            ok,
+            "run_ratio_vs_inductor",
+            "step time / Inductor default",
+            out / "step_time_ratio.png",
+            spread=("run_ratio_p10", "run_ratio_p90"),
+        ),
         _plot_ratio(ok, "peak_mem_ratio_vs_inductor", "peak memory / Inductor default", out / "peak_mem_ratio.png"),
         _plot_launches(ok, out / "launches.png"),
         _plot_optimizer_time(ok, out / "optimizer_time.png"),
@@ -56,8 +62,13 @@ def _plot_ratio(
     data = data.assign(xlabel=data["model"] + (" s" + data["scale"].astype(str) if several else ""))
     series = list(dict.fromkeys(data["series"]))
     models = list(dict.fromkeys(data["xlabel"]))
-    fig, axes = plt.subplots(len(rows), len(batches), squeeze=False, sharey=True,
-                             figsize=(max(5.0, 0.9 * len(models) * len(batches) + 2), 3.2 * len(rows)))
+    fig, axes = plt.subplots(
+        len(rows),
+        len(batches),
+        squeeze=False,
+        sharey=True,
+        figsize=(max(5.0, 0.9 * len(models) * len(batches) + 2), 3.2 * len(rows)),
+    )
     width = 0.8 / len(series)
     x = np.arange(len(models))
     for (mode, threads), ax_row in zip(rows, axes):
@@ -71,8 +82,15 @@ def _plot_ratio(
                     low, high = (rows_s[c].to_numpy(dtype=float) for c in spread)
                     yerr = np.vstack([values - low, high - values]).clip(min=0)
                 # Bars grow from 1 (as fast as Inductor): up when slower, down when faster.
-                ax.bar(x + (i - (len(series) - 1) / 2) * width, values - 1.0, width, bottom=1.0,
-                       yerr=yerr, capsize=2, label=name)
+                ax.bar(
+                    x + (i - (len(series) - 1) / 2) * width,
+                    values - 1.0,
+                    width,
+                    bottom=1.0,
+                    yerr=yerr,
+                    capsize=2,
+                    label=name,
+                )
             ax.axhline(1.0, color="black", linewidth=0.8)
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))

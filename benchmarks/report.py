@@ -1,5 +1,6 @@
 """Writing a harness run: results.csv, summary.csv, results.md and the plots
 (:mod:`benchmarks.plots`)."""
+
 from __future__ import annotations
 
 import math
@@ -14,11 +15,31 @@ from benchmarks.plots import write_plots
 
 # The Markdown table keeps the columns a reader compares at a glance.
 MD_COLUMNS = [
-    "model", "batch", "mode", "threads", "method", "variant", "run_ms", "run_ms_p10", "run_ms_p90",
-    "rounds", "run_ratio_vs_inductor", "run_ratio_p10", "run_ratio_p90", "stable", "peak_mem_mb",
-    "peak_mem_ratio_vs_inductor", "peak_total_ratio_vs_inductor", "compile_s", "compile_ratio_vs_inductor",
+    "model",
+    "batch",
+    "mode",
+    "threads",
+    "method",
+    "variant",
+    "run_ms",
+    "run_ms_p10",
+    "run_ms_p90",
+    "rounds",
+    "run_ratio_vs_inductor",
+    "run_ratio_p10",
+    "run_ratio_p90",
+    "stable",
+    "peak_mem_mb",
+    "peak_mem_ratio_vs_inductor",
+    "peak_total_ratio_vs_inductor",
+    "compile_s",
+    "compile_ratio_vs_inductor",
     "optimizer_s",
-    "inductor_launches", "launch_ratio_vs_inductor", "max_abs_diff_out", "max_abs_diff_grad", "error",
+    "inductor_launches",
+    "launch_ratio_vs_inductor",
+    "max_abs_diff_out",
+    "max_abs_diff_grad",
+    "error",
 ]
 SUMMARY_CASE = ["model", "mode", "batch", "threads"]
 
@@ -46,8 +67,9 @@ def summary_table(df: pd.DataFrame, text: bool = True) -> pd.DataFrame:
     baseline = data["series"] == BASELINE
     cells = data.apply(_summary_cell, axis=1) if text else data["run_ratio_vs_inductor"]
     cells = cells.where(~baseline, data.get("run_ms"))
-    table = data.assign(cell=cells).pivot_table(index=keys, columns="series", values="cell",
-                                                aggfunc="first", sort=False, dropna=False)
+    table = data.assign(cell=cells).pivot_table(
+        index=keys, columns="series", values="cell", aggfunc="first", sort=False, dropna=False
+    )
     methods = [m for m in dict.fromkeys(data["series"]) if m in table.columns]
     methods.sort(key=lambda m: m != BASELINE)  # the anchor first
     table = table.reindex(columns=methods).rename(columns={BASELINE: f"{BASELINE}_ms"})

@@ -16,6 +16,7 @@ hiccups of a shared machine. After ``min_rounds``, rounds are added until every
 method's paired ratio has a relative spread ((p90 - p10) / median) within
 ``target_spread``, or until ``max_rounds`` / ``max_seconds``.
 """
+
 from __future__ import annotations
 
 import math

@@ -20,6 +20,7 @@ buffers (each storage once), so a layout that held the weights twice would show.
     python -m benchmarks.stacking --models mmoe,ple,dynamic_schema --batches 32,256 \\
         --threads 1 --clock cpu --out benchmarks/results/stacking
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,12 @@ METHODS = ("inductor", "ours", "stacked", "stacked_program")
 STEPS = ("step", "step+opt")
 
 
-def _train_step(compiled: Callable, model: torch.nn.Module, inputs: tuple, opt: torch.optim.Optimizer | None,
-                ) -> Callable[[], list[torch.Tensor]]:
+def _train_step(
+    compiled: Callable,
+    model: torch.nn.Module,
+    inputs: tuple,
+    opt: torch.optim.Optimizer | None,
+) -> Callable[[], list[torch.Tensor]]:
     """Zero the gradients, forward, backward of the outputs' sum and, with ``opt``, its step."""
 
     def step() -> list[torch.Tensor]:
@@ -79,11 +84,20 @@ def _build(method: str, base: torch.nn.Module, inputs: tuple) -> dict[str, Any]:
     compile_s = time.perf_counter() - start
     kept = ""
     if method != "inductor":
-        kept = ";".join(r.measured.kept if r.measured is not None else ("unchanged" if not r.changed else "untimed")
-                        for r in backend.reports)
-    return {"model": model, "steps": steps, "outs": [o.detach() for o in outs], "stack_s": stack_s,
-            "compile_s": compile_s, "kept": kept, "groups": len(stacked_groups(model)),
-            "params": sum(1 for _ in model.parameters())}
+        kept = ";".join(
+            r.measured.kept if r.measured is not None else ("unchanged" if not r.changed else "untimed")
+            for r in backend.reports
+        )
+    return {
+        "model": model,
+        "steps": steps,
+        "outs": [o.detach() for o in outs],
+        "stack_s": stack_s,
+        "compile_s": compile_s,
+        "kept": kept,
+        "groups": len(stacked_groups(model)),
+        "params": sum(1 for _ in model.parameters()),
+    }
 
 
 def run_case(name: str, batch: int, plan: RoundPlan, clock: str, say: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -99,44 +113,66 @@ def run_case(name: str, batch: int, plan: RoundPlan, clock: str, say: Callable[[
     rows = []
     for step in STEPS:
         say(f"{name} b{batch}: timing {step}")
-        result = run_rounds({m: timed_step(built[m]["steps"][step], "cpu", clock) for m in METHODS}, plan,
-                            baseline="inductor")
+        result = run_rounds(
+            {m: timed_step(built[m]["steps"][step], "cpu", clock) for m in METHODS}, plan, baseline="inductor"
+        )
         ratios = result.ratios("inductor")
-        peaks = {m: peak_memory_mb(built[m]["steps"][step], "cpu")[0] + model_state_mb(built[m]["model"])
-                 for m in METHODS}
+        peaks = {
+            m: peak_memory_mb(built[m]["steps"][step], "cpu")[0] + model_state_mb(built[m]["model"]) for m in METHODS
+        }
         for m in METHODS:
             own, ratio = spread(result.round_ms[m]), spread(ratios.get(m, []))
-            rows.append({
-                "model": name, "batch": batch, "step": step, "method": m,
-                "run_ms": own.median, "run_ms_p10": own.p10, "run_ms_p90": own.p90,
-                "ratio": ratio.median, "ratio_p10": ratio.p10, "ratio_p90": ratio.p90,
-                "rounds": result.rounds, "stop": result.stop, "stable": m not in result.unstable,
-                "peak_mb": peaks[m], "peak_ratio": peaks[m] / peaks["inductor"],
-                "max_abs_diff_out": max_abs_diff(built[m]["outs"], reference),
-                "parameters": built[m]["params"], "stacks": built[m]["groups"],
-                "stack_s": built[m]["stack_s"], "compile_s": built[m]["compile_s"], "kept": built[m]["kept"],
-                "error": result.errors.get(m, ""),
-            })
+            rows.append(
+                {
+                    "model": name,
+                    "batch": batch,
+                    "step": step,
+                    "method": m,
+                    "run_ms": own.median,
+                    "run_ms_p10": own.p10,
+                    "run_ms_p90": own.p90,
+                    "ratio": ratio.median,
+                    "ratio_p10": ratio.p10,
+                    "ratio_p90": ratio.p90,
+                    "rounds": result.rounds,
+                    "stop": result.stop,
+                    "stable": m not in result.unstable,
+                    "peak_mb": peaks[m],
+                    "peak_ratio": peaks[m] / peaks["inductor"],
+                    "max_abs_diff_out": max_abs_diff(built[m]["outs"], reference),
+                    "parameters": built[m]["params"],
+                    "stacks": built[m]["groups"],
+                    "stack_s": built[m]["stack_s"],
+                    "compile_s": built[m]["compile_s"],
+                    "kept": built[m]["kept"],
+                    "error": result.errors.get(m, ""),
+                }
+            )
     return rows
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | batch | step | Inductor ms | ours / Inductor [p10, p90] | stacked / Inductor [p10, p90] "
-             "| stacked, measure off / Inductor [p10, p90] | rounds | peak memory / Inductor: stacked, measure off "
-             "| parameters (stacks) | program kept (ours; stacked) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | batch | step | Inductor ms | ours / Inductor [p10, p90] | stacked / Inductor [p10, p90] "
+        "| stacked, measure off / Inductor [p10, p90] | rounds | peak memory / Inductor: stacked, measure off "
+        "| parameters (stacks) | program kept (ours; stacked) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     by_case: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         by_case.setdefault((r["model"], r["batch"], r["step"]), {})[r["method"]] = r
     for (model, batch, step), m in by_case.items():
+
         def ratio(r: dict) -> str:
             star = "" if r["stable"] else "*"
             return f"{r['ratio']:.2f} [{r['ratio_p10']:.2f}, {r['ratio_p90']:.2f}]{star}"
 
         ind, ours, st, prog = m["inductor"], m["ours"], m["stacked"], m["stacked_program"]
-        lines.append(f"| {model} | {batch} | {step} | {ind['run_ms']:.2f} | {ratio(ours)} | {ratio(st)} | "
-                     f"{ratio(prog)} | {ind['rounds']} | {st['peak_ratio']:.2f}, {prog['peak_ratio']:.2f} | "
-                     f"{ind['parameters']} -> {prog['parameters']} ({prog['stacks']}) | {ours['kept']}; {st['kept']} |")
+        lines.append(
+            f"| {model} | {batch} | {step} | {ind['run_ms']:.2f} | {ratio(ours)} | {ratio(st)} | "
+            f"{ratio(prog)} | {ind['rounds']} | {st['peak_ratio']:.2f}, {prog['peak_ratio']:.2f} | "
+            f"{ind['parameters']} -> {prog['parameters']} ({prog['stacks']}) | {ours['kept']}; {st['kept']} |"
+        )
     return "\n".join(lines)
 
 

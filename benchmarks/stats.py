@@ -7,6 +7,7 @@ close to the min and max). Ratios to the baseline are paired: computed per
 round (both methods timed in the same round, minutes apart at most) and then
 summarized, so a machine that slows down for a while slows both sides.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,15 +59,10 @@ def paired_ratios(round_ms: Mapping[str, Sequence[float]], baseline: str) -> dic
     base = round_ms.get(baseline) or []
     if not base:
         return {}
-    return {
-        label: [t / b if b > 0 else NAN for t, b in zip(times, base)]
-        for label, times in round_ms.items()
-    }
+    return {label: [t / b if b > 0 else NAN for t, b in zip(times, base)] for label, times in round_ms.items()}
 
 
-def unstable(
-    round_ms: Mapping[str, Sequence[float]], baseline: str | None, target: float
-) -> list[str]:
+def unstable(round_ms: Mapping[str, Sequence[float]], baseline: str | None, target: float) -> list[str]:
     """Methods whose spread is still wider than ``target`` (a fraction, e.g. 0.1).
 
     With a baseline that has rounds, the spread judged is that of each other

@@ -52,11 +52,20 @@ def tabulate(rows: list[dict[str, Any]]) -> pd.DataFrame:
             measured_ratio = opt.get("run_ratio_vs_inductor", math.nan)
             rank = "n/a" if not predicted_faster else ("yes" if measured_ratio < 1 else "NO")
         for method, r in by.items():
-            out.append({**dict(zip(CASE, key)), "method": method, "pred_ms": r["pred_step_ms"],
-                        "measured_ms": r["run_ms"], "pred/measured": r["pred_over_measured"],
-                        "measured_ratio_vs_inductor": r.get("run_ratio_vs_inductor", math.nan),
-                        "pred_ratio_vs_inductor": (r["pred_step_ms"] / ind["pred_step_ms"]) if ind is not None
-                        else math.nan, "rank_correct": rank if method == "optimus_eqsat" else ""})
+            out.append(
+                {
+                    **dict(zip(CASE, key)),
+                    "method": method,
+                    "pred_ms": r["pred_step_ms"],
+                    "measured_ms": r["run_ms"],
+                    "pred/measured": r["pred_over_measured"],
+                    "measured_ratio_vs_inductor": r.get("run_ratio_vs_inductor", math.nan),
+                    "pred_ratio_vs_inductor": (r["pred_step_ms"] / ind["pred_step_ms"])
+                    if ind is not None
+                    else math.nan,
+                    "rank_correct": rank if method == "optimus_eqsat" else "",
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -66,9 +75,11 @@ def summary(table: pd.DataFrame) -> str:
     within = int((errors <= TARGET_ERROR).sum())
     ranked = table[table["rank_correct"].isin(["yes", "NO"])]
     wrong = int((ranked["rank_correct"] == "NO").sum())
-    return (f"{within} of {len(table)} predictions within {TARGET_ERROR:.0%} of the measurement "
-            f"(worst {errors.max():.0%}, median {errors.median():.0%}); rank: {len(ranked) - wrong} of "
-            f"{len(ranked)} cases predicted faster were measured faster")
+    return (
+        f"{within} of {len(table)} predictions within {TARGET_ERROR:.0%} of the measurement "
+        f"(worst {errors.max():.0%}, median {errors.median():.0%}); rank: {len(ranked) - wrong} of "
+        f"{len(ranked)} cases predicted faster were measured faster"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,23 +89,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="32")
     p.add_argument("--threads", default="1")
     p.add_argument("--max-rounds", type=int, default=30)
-    p.add_argument("--clock", default="cpu", choices=("wall", "cpu"),
-                   help="cpu (default): this process's CPU time, robust to other jobs with one thread")
+    p.add_argument(
+        "--clock",
+        default="cpu",
+        choices=("wall", "cpu"),
+        help="cpu (default): this process's CPU time, robust to other jobs with one thread",
+    )
     p.add_argument("--out", default="benchmarks/results/step_time_model.md")
     args = p.parse_args(argv)
     models = list(MODELS) if args.models == "all" else args.models.split(",")
-    config = BenchConfig(models=models, methods=["inductor", "optimus_eqsat"], modes=args.modes.split(","),
-                         batches=[int(b) for b in args.batches.split(",")],
-                         threads=[int(t) for t in args.threads.split(",")],
-                         eqsat_variants=[EqsatOptions(measure=False)],
-                         plan=RoundPlan(max_rounds=args.max_rounds), progress=False, clock=args.clock)
+    config = BenchConfig(
+        models=models,
+        methods=["inductor", "optimus_eqsat"],
+        modes=args.modes.split(","),
+        batches=[int(b) for b in args.batches.split(",")],
+        threads=[int(t) for t in args.threads.split(",")],
+        eqsat_variants=[EqsatOptions(measure=False)],
+        plan=RoundPlan(max_rounds=args.max_rounds),
+        progress=False,
+        clock=args.clock,
+    )
     table = tabulate(run(config))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
-    text = (f"# Step-time model: predicted vs measured\n\n{summary(table)}.\n\nMade by `python -m "
-            f"benchmarks.step_time_model {' '.join(argv or sys.argv[1:])}`.\n\n"
-            + markdown_table(table) + "\n")
+    text = (
+        f"# Step-time model: predicted vs measured\n\n{summary(table)}.\n\nMade by `python -m "
+        f"benchmarks.step_time_model {' '.join(argv or sys.argv[1:])}`.\n\n" + markdown_table(table) + "\n"
+    )
     out.write_text(text)
     print(text)
     return 0

@@ -55,8 +55,7 @@ class GraphBuilder:
         """A call_function node; its meta["val"] is ``target`` run on the operands' meta values."""
         node = self.graph.call_function(target, args, kwargs)
         meta = lambda a: _as_meta(a.meta["val"]) if isinstance(a, torch.fx.Node) else a  # noqa: E731
-        node.meta["val"] = target(*torch.fx.node.map_aggregate(args, meta),
-                                  **torch.fx.node.map_aggregate(kwargs, meta))
+        node.meta["val"] = target(*torch.fx.node.map_aggregate(args, meta), **torch.fx.node.map_aggregate(kwargs, meta))
         self.ops += 1
         return node
 
@@ -80,8 +79,13 @@ def _as_meta(value: Any) -> Any:
     return value
 
 
-def _blocks(b: GraphBuilder, n_nodes: int, x: torch.fx.Node, block: Callable[[torch.fx.Node, int], torch.fx.Node],
-            split_cat: bool) -> torch.fx.Node:
+def _blocks(
+    b: GraphBuilder,
+    n_nodes: int,
+    x: torch.fx.Node,
+    block: Callable[[torch.fx.Node, int], torch.fx.Node],
+    split_cat: bool,
+) -> torch.fx.Node:
     """Append ``block(x, i)`` (and a split/cat round trip after it) until ``n_nodes`` FX nodes."""
     i = 0
     while b.nodes < n_nodes or i == 0:

@@ -63,8 +63,7 @@ class PredictedLaunches(CustomGraphPass):
         return f"predicted-launches-{self.profile}".encode()
 
 
-def count(model_name: str, config: str, profile: str, batch: int,
-          predict: str | None = None) -> tuple[int, float]:
+def count(model_name: str, config: str, profile: str, batch: int, predict: str | None = None) -> tuple[int, float]:
     """(kernels of one training step, seconds the count took) of ``model_name`` under
     ``config``: Inductor's CPU output code, or with ``predict`` (a profile, also our
     optimizer's then) the launches our cost model predicts for that device, forward plus
@@ -99,14 +98,17 @@ def compiled_step(model_name: str, config: str, profile: str, batch: int) -> Cal
     if config == "inductor":
         compiled = torch.compile(model)
     elif config == "inductor_optimus":
-        compiled = _patched(torch.compile(model), {"pre_grad_fusion_options": OPTIMUS_PRE_GRAD,
-                                                   "post_grad_fusion_options": OPTIMUS_POST_GRAD})
+        compiled = _patched(
+            torch.compile(model),
+            {"pre_grad_fusion_options": OPTIMUS_PRE_GRAD, "post_grad_fusion_options": OPTIMUS_POST_GRAD},
+        )
     else:
         from optimus_eqsat.backend import make_backend
 
         pre, post = _OURS[config]
-        compiled = torch.compile(model, backend=make_backend(pre_grad=pre, post_grad=post, measure=False,
-                                                             profile=profile))
+        compiled = torch.compile(
+            model, backend=make_backend(pre_grad=pre, post_grad=post, measure=False, profile=profile)
+        )
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> None:
@@ -142,8 +144,10 @@ def step_times(model_name: str, profile: str, batch: int, budget_s: float) -> di
     rounds = time_interleaved(steps, budget_s=budget_s, min_rounds=10, max_rounds=200)
     torch._dynamo.reset()
     base = rounds["inductor"]
-    return {config: (statistics.median(times), statistics.median(t / b for t, b in zip(times, base)))
-            for config, times in rounds.items()}
+    return {
+        config: (statistics.median(times), statistics.median(t / b for t, b in zip(times, base)))
+        for config, times in rounds.items()
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -171,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--time", action="store_true", help="also time a training step of each configuration")
     parser.add_argument("--budget-s", type=float, default=10.0, help="seconds of interleaved timing per model")
-    parser.add_argument("--predict", help="a device profile (e.g. h200): count the launches our cost model "
-                        "predicts for it (our optimizer then prices for it too) instead of Inductor's CPU kernels")
+    parser.add_argument(
+        "--predict",
+        help="a device profile (e.g. h200): count the launches our cost model "
+        "predicts for it (our optimizer then prices for it too) instead of Inductor's CPU kernels",
+    )
     parser.add_argument("--out", default="benchmarks/results/training_kernels.md")
     args = parser.parse_args(argv)
     rows = []
@@ -183,22 +190,30 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} {config}: {row[config]} kernels ({seconds:.0f} s)", flush=True)
         if args.time:
             row["time"] = step_times(name, args.profile, args.batch, args.budget_s)
-            print(f"{name} step ms: " + ", ".join(f"{c} {t * 1e3:.2f} ({r:.2f}x)" for c, (t, r) in row["time"].items()),
-                  flush=True)
+            print(
+                f"{name} step ms: " + ", ".join(f"{c} {t * 1e3:.2f} ({r:.2f}x)" for c, (t, r) in row["time"].items()),
+                flush=True,
+            )
         rows.append(row)
     lines = table(rows)
     if args.time:
         lines += ["", "Median training-step time, ms (median per-round ratio to inductor):", "", *time_table(rows)]
     print("\n".join(lines))
-    command = (f"python -m benchmarks.training_kernels --models {args.models} "
-               + ("" if args.predict else f"--profile {args.profile} ") + f"--batch {args.batch}" + (f" --time --budget-s {args.budget_s}" if args.time else "")
-               + (f" --predict {args.predict}" if args.predict else "") + f" --out {args.out}")
-    what = (f"launches our cost model predicts on {args.predict}" if args.predict
-            else "Inductor, CPU output code")
+    command = (
+        f"python -m benchmarks.training_kernels --models {args.models} "
+        + ("" if args.predict else f"--profile {args.profile} ")
+        + f"--batch {args.batch}"
+        + (f" --time --budget-s {args.budget_s}" if args.time else "")
+        + (f" --predict {args.predict}" if args.predict else "")
+        + f" --out {args.out}"
+    )
+    what = f"launches our cost model predicts on {args.predict}" if args.predict else "Inductor, CPU output code"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Kernels of one training step ({what}, forward + backward)\n\n"
-                   f"Command: `{command}`\n\n" + "\n".join(lines) + "\n")
+    out.write_text(
+        f"# Kernels of one training step ({what}, forward + backward)\n\n"
+        f"Command: `{command}`\n\n" + "\n".join(lines) + "\n"
+    )
     return 0
 
 

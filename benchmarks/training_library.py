@@ -34,6 +34,7 @@ The issue's targets: launches at most 0.5x Inductor and 0.7x Inductor+Optimus
 (checkpointed: 0.6x Inductor); step time at most 1.02x Inductor at every batch and
 0.9x at batch 32.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,18 @@ from benchmarks.methods import OPTIMUS_POST_GRAD, OPTIMUS_PRE_GRAD
 from benchmarks.rounds import RoundPlan
 from optimus_eqsat.inductor_count import count_inductor_kernels
 
-STYLE_MODELS = ("rechub.MLP", "rechub.MMOE", "rechub.PLE", "deepctr.DNN", "deepctr.MMOE", "deepctr.PLE",
-                "rechub.MMOE+ckpt", "rechub.PLE+ckpt", "deepctr.MMOE+ckpt", "deepctr.PLE+ckpt")
+STYLE_MODELS = (
+    "rechub.MLP",
+    "rechub.MMOE",
+    "rechub.PLE",
+    "deepctr.DNN",
+    "deepctr.MMOE",
+    "deepctr.PLE",
+    "rechub.MMOE+ckpt",
+    "rechub.PLE+ckpt",
+    "deepctr.MMOE+ckpt",
+    "deepctr.PLE+ckpt",
+)
 LIBRARY_MODELS = ("rechub.MMOE", "rechub.PLE", "deepctr.MMOE", "deepctr.PLE")
 TIMED_MODELS = ("rechub.MMOE", "rechub.PLE", "deepctr.MMOE", "deepctr.PLE")  # the issue's step-time targets
 COUNTS = ("inductor", "inductor_optimus", "ours")
@@ -65,10 +76,13 @@ def _deepctr_training(name: str) -> Callable[[int], Case]:
     from deepctr_torch.inputs import DenseFeat, SparseFeat
 
     def build(batch: int) -> Case:
-        columns = [SparseFeat(f"s{i}", 50, embedding_dim=8) for i in range(6)] + [DenseFeat(f"d{i}", 1) for i in range(3)]
+        columns = [SparseFeat(f"s{i}", 50, embedding_dim=8) for i in range(6)] + [
+            DenseFeat(f"d{i}", 1) for i in range(3)
+        ]
         model = getattr(dc, name)(columns, dnn_use_bn=True, dnn_dropout=0.1)
         x = torch.cat([torch.randint(0, 50, (batch, 6)).float(), torch.randn(batch, 3)], dim=1)
         return model, (x,)
+
     return build
 
 
@@ -80,8 +94,12 @@ def builders(source: str) -> dict[str, Callable[[int], Case]]:
 
         return dict(BUILDERS)
     cases = library_cases()
-    return {"rechub.MMOE": cases["rechub.MMOE"], "rechub.PLE": cases["rechub.PLE"],
-            "deepctr.MMOE": _deepctr_training("MMOE"), "deepctr.PLE": _deepctr_training("PLE")}
+    return {
+        "rechub.MMOE": cases["rechub.MMOE"],
+        "rechub.PLE": cases["rechub.PLE"],
+        "deepctr.MMOE": _deepctr_training("MMOE"),
+        "deepctr.PLE": _deepctr_training("PLE"),
+    }
 
 
 def count_launches(build: Callable[[int], Case], config: str, batch: int) -> tuple[int, int]:
@@ -114,13 +132,21 @@ def table(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
         head += [f"b{b} Inductor ms", f"b{b} ours ms", f"b{b} ours / Inductor [p10, p90] (rounds)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["model"], *(str(r.get(c, "-")) for c in COUNTS), _ratio(r.get("ours"), r.get("inductor")),
-                 _ratio(r.get("ours"), r.get("inductor_optimus")), str(r.get("batches", "-"))]
+        cells = [
+            r["model"],
+            *(str(r.get(c, "-")) for c in COUNTS),
+            _ratio(r.get("ours"), r.get("inductor")),
+            _ratio(r.get("ours"), r.get("inductor_optimus")),
+            str(r.get("batches", "-")),
+        ]
         for b in batches:
             if f"b{b}_ratio" in r:
-                cells += [f"{r[f'b{b}_inductor_ms']:.2f}", f"{r[f'b{b}_ours_ms']:.2f}",
-                          f"{r[f'b{b}_ratio']:.2f} [{r[f'b{b}_ratio_p10']:.2f}, {r[f'b{b}_ratio_p90']:.2f}] "
-                          f"({r[f'b{b}_rounds']})"]
+                cells += [
+                    f"{r[f'b{b}_inductor_ms']:.2f}",
+                    f"{r[f'b{b}_ours_ms']:.2f}",
+                    f"{r[f'b{b}_ratio']:.2f} [{r[f'b{b}_ratio_p10']:.2f}, {r[f'b{b}_ratio_p90']:.2f}] "
+                    f"({r[f'b{b}_rounds']})",
+                ]
             else:
                 cells += ["-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -154,8 +180,12 @@ def write(out: Path, commands: list[str], rows: list[dict[str, Any]], batches: l
     out.with_suffix(".commands").write_text("\n".join(commands) + "\n")
     out.write_text(
         "# Training steps of library-style recommendation models (issue 26)\n\n"
-        + "".join(f"Command: `{c}`\n\n" for c in commands) + f"{note}\n\n" + "\n".join(table(rows, batches)) + "\n"
-        + ("\nErrors:\n\n" + "\n".join(errors) + "\n" if errors else ""))
+        + "".join(f"Command: `{c}`\n\n" for c in commands)
+        + f"{note}\n\n"
+        + "\n".join(table(rows, batches))
+        + "\n"
+        + ("\nErrors:\n\n" + "\n".join(errors) + "\n" if errors else "")
+    )
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with open(out.with_suffix(".csv"), "w", newline="") as fh:
         writer = csv.DictWriter(fh, keys)
@@ -165,19 +195,29 @@ def write(out: Path, commands: list[str], rows: list[dict[str, Any]], batches: l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", choices=("style", "library"), default="style",
-                        help="tests/library_style.py's models, or the installed libraries' own")
+    parser.add_argument(
+        "--source",
+        choices=("style", "library"),
+        default="style",
+        help="tests/library_style.py's models, or the installed libraries' own",
+    )
     parser.add_argument("--models", default="", help="comma-separated names (default: every model of the source)")
     parser.add_argument("--count-batch", type=int, default=32, help="batch of the launch counts")
     parser.add_argument("--batches", default="32,256", help="batches of the step times ('' for none)")
-    parser.add_argument("--time-models", default=",".join(TIMED_MODELS),
-                        help="the models whose step time is measured ('all': every model counted)")
+    parser.add_argument(
+        "--time-models",
+        default=",".join(TIMED_MODELS),
+        help="the models whose step time is measured ('all': every model counted)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-rounds", type=int, default=15)
     parser.add_argument("--max-timing-s", type=float, default=40.0, help="no round starts after this, per case")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/training_library/style.md"))
-    parser.add_argument("--append", action="store_true",
-                        help="keep the rows (and commands) of an earlier run into --out; its models are not rerun")
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows (and commands) of an earlier run into --out; its models are not rerun",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cases = builders(args.source)
@@ -189,11 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     rows, commands = previous(args.out) if args.append else ([], [])
     commands.append(command)
     names = [n for n in names if n not in {r["model"] for r in rows}]
-    note = (f"Launches: one training step (forward + backward) at batch {args.count_batch}, kernels in Inductor's CPU "
-            "output code; ours = `make_backend(measure=False, profile=\"h200\")`; \"batched alternatives\": nodes its "
-            "pre- and post-grad passes gave a batched alternative (`report.batched`), kept or not. Step time: wall clock, CPU, "
-            f"{args.threads} thread(s), default backend (measured choice on) against Inductor, interleaved rounds; "
-            "ratio = median of per-round ratios [p10, p90].")
+    note = (
+        f"Launches: one training step (forward + backward) at batch {args.count_batch}, kernels in Inductor's CPU "
+        'output code; ours = `make_backend(measure=False, profile="h200")`; "batched alternatives": nodes its '
+        "pre- and post-grad passes gave a batched alternative (`report.batched`), kept or not. Step time: wall clock, CPU, "
+        f"{args.threads} thread(s), default backend (measured choice on) against Inductor, interleaved rounds; "
+        "ratio = median of per-round ratios [p10, p90]."
+    )
     for name in names:
         row: dict[str, Any] = {"model": name}
         rows.append(row)

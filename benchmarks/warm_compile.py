@@ -13,6 +13,7 @@ Models: zoo models (``benchmarks.zoo``), library-style models (``tests.library_s
 and models with nothing to batch (``benchmarks.plain_models``), named ``zoo:mmoe``,
 ``library:rechub.MMOE``, ``plain:resnet18``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,12 +89,21 @@ def run_pair(name: str, method: str, mode: str, batch: int) -> tuple[float, floa
     """Cold then warm first step of ``method``, two processes sharing one fresh cache folder."""
     times, cached = [], []
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OPTIMUS_EQSAT_CACHE_DIR": os.path.join(cache, "ours"),
-               "OPTIMUS_EQSAT_CACHE": "1"}
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": cache,
+            "OPTIMUS_EQSAT_CACHE_DIR": os.path.join(cache, "ours"),
+            "OPTIMUS_EQSAT_CACHE": "1",
+        }
         env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
         for _ in ("cold", "warm"):
-            out = subprocess.run([sys.executable, "-m", "benchmarks.warm_compile", "--child", name, method, mode,
-                                  "--batch", str(batch)], env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, "-m", "benchmarks.warm_compile", "--child", name, method, mode, "--batch", str(batch)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             result = json.loads(out.stdout.strip().splitlines()[-1])
             times.append(result["first_s"])
             cached.append(f"{result.get('from_cache', 0)}/{result.get('graphs', 0)}")
@@ -121,28 +131,41 @@ def main(argv: list[str] | None = None) -> int:
             for method in round_order(list(METHODS), k):
                 cold, warm = run_pair(model, method, mode, args.batch)
                 runs.setdefault((model, mode, method), []).append((cold, warm))
-                print(f"round {k}: {model} {mode} {method}: cold {cold:.1f} s, warm {warm:.1f} s",
-                      file=sys.stderr, flush=True)
-    lines = ["| model | mode | Inductor cold s | ours cold s | ours / Inductor cold | Inductor warm s | ours warm s "
-             "| ours / Inductor warm |", "|---|---|---|---|---|---|---|---|"]
+                print(
+                    f"round {k}: {model} {mode} {method}: cold {cold:.1f} s, warm {warm:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    lines = [
+        "| model | mode | Inductor cold s | ours cold s | ours / Inductor cold | Inductor warm s | ours warm s "
+        "| ours / Inductor warm |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for model, mode in cases:
         ind, ours = runs[(model, mode, "inductor")], runs[(model, mode, "optimus_eqsat")]
         cold = [o[0] / i[0] for i, o in zip(ind, ours)]
         warm = [o[1] / i[1] for i, o in zip(ind, ours)]
-        lines.append(f"| {model} | {mode} | {statistics.median(r[0] for r in ind):.1f} | "
-                     f"{statistics.median(r[0] for r in ours):.1f} | {spread(cold)} | "
-                     f"{statistics.median(r[1] for r in ind):.2f} | {statistics.median(r[1] for r in ours):.2f} | "
-                     f"{spread(warm)} |")
+        lines.append(
+            f"| {model} | {mode} | {statistics.median(r[0] for r in ind):.1f} | "
+            f"{statistics.median(r[0] for r in ours):.1f} | {spread(cold)} | "
+            f"{statistics.median(r[1] for r in ind):.2f} | {statistics.median(r[1] for r in ours):.2f} | "
+            f"{spread(warm)} |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:
         command = " ".join(["python -m benchmarks.warm_compile", *(argv if argv is not None else sys.argv[1:])])
-        head = ["# Cold and warm compile: the default backend against Inductor", "",
-                f"Command: `{command}`", "",
-                f"Batch {args.batch}, one thread, CPU ({os.cpu_count()} cores, shared). First step of a process "
-                "(compile and one step); cold: empty caches, warm: a second process on the first's caches "
-                "(Inductor's FX graph and AOTAutograd caches; ours: the persistent cache). Ratios paired per "
-                "round (median and 10th / 90th percentiles).", ""]
+        head = [
+            "# Cold and warm compile: the default backend against Inductor",
+            "",
+            f"Command: `{command}`",
+            "",
+            f"Batch {args.batch}, one thread, CPU ({os.cpu_count()} cores, shared). First step of a process "
+            "(compile and one step); cold: empty caches, warm: a second process on the first's caches "
+            "(Inductor's FX graph and AOTAutograd caches; ours: the persistent cache). Ratios paired per "
+            "round (median and 10th / 90th percentiles).",
+            "",
+        ]
         Path(args.out).write_text("\n".join(head) + "\n" + table + "\n")
     return 0
 

@@ -122,6 +122,7 @@ def node_kinds(gm: fx.GraphModule, infos: Infos, decomposed_mm: DecomposedMM) ->
 # (torch/_inductor/decomposition.py: mm, addmm; kernel/bmm.py: bmm)
 # --------------------------------------------------------------------------
 
+
 def has_bias(gm: fx.GraphModule, node: fx.Node, label: str) -> bool:
     """Whether a matmul node adds a bias (a linear with bias is one addmm)."""
     if node.op == "call_module":
@@ -157,8 +158,7 @@ def mm_form(gm: fx.GraphModule, node: fx.Node, infos: Infos) -> tuple[str, int, 
     return ("addmm" if biased else "mm"), m, k, n
 
 
-def _decomposed_kind(gm: fx.GraphModule, node: fx.Node, infos: Infos,
-                     decomposed_mm: DecomposedMM) -> KernelKind | None:
+def _decomposed_kind(gm: fx.GraphModule, node: fx.Node, infos: Infos, decomposed_mm: DecomposedMM) -> KernelKind | None:
     """POINTWISE / REDUCTION when Inductor turns this small matmul into generated code."""
     form = mm_form(gm, node, infos)
     if form is None:

@@ -59,9 +59,7 @@ __all__ = [
 
 
 # Kinds that Inductor turns into generated (Triton / C++) code and may fuse.
-FUSIBLE_KINDS = frozenset(
-    {KernelKind.POINTWISE, KernelKind.REDUCTION, KernelKind.CAT, KernelKind.GATHER}
-)
+FUSIBLE_KINDS = frozenset({KernelKind.POINTWISE, KernelKind.REDUCTION, KernelKind.CAT, KernelKind.GATHER})
 # Kinds that cost a launch when they stand alone.
 LAUNCHING_KINDS = FUSIBLE_KINDS | {KernelKind.MATMUL, KernelKind.OPAQUE}
 _EXTERN_KINDS = (KernelKind.MATMUL, KernelKind.OPAQUE)
@@ -140,8 +138,7 @@ def _itemsize(dtype_name: str) -> int:
 
 # Host costs of the H200 run (benchmarks/results/gpu: Inductor default's step time at batch
 # 32 fits 84 us + 14.7 us per launch), used for GPUs not measured here: same wrapper software.
-_GPU_HOST = dict(launch_overhead_s=14.7e-6, call_s=84e-6, overlap=True, device_kernel_s=2e-6,
-                 codegen="triton")
+_GPU_HOST = dict(launch_overhead_s=14.7e-6, call_s=84e-6, overlap=True, device_kernel_s=2e-6, codegen="triton")
 
 
 def _from_calibration(name: str, cal: CalibratedProfile, **device: Any) -> DeviceProfile:
@@ -149,17 +146,28 @@ def _from_calibration(name: str, cal: CalibratedProfile, **device: Any) -> Devic
     the calibration has them, else ``device``'s)."""
     cpu = cal.device_kind == "cpu"
     fields: dict[str, Any] = dict(
-        name=name, launch_overhead_s=cal.generated_kernel_s, extern_launch_overhead_s=cal.extern_call_s,
-        call_s=cal.call_s, alloc_s=cal.alloc_s, custom_op_s=cal.custom_op_s or 0.0,
-        input_s=cal.input_s or 0.0, trained_input_s=cal.trained_input_s or 0.0, view_s=cal.view_s or 0.0,
+        name=name,
+        launch_overhead_s=cal.generated_kernel_s,
+        extern_launch_overhead_s=cal.extern_call_s,
+        call_s=cal.call_s,
+        alloc_s=cal.alloc_s,
+        custom_op_s=cal.custom_op_s or 0.0,
+        input_s=cal.input_s or 0.0,
+        trained_input_s=cal.trained_input_s or 0.0,
+        view_s=cal.view_s or 0.0,
         reduction_row_s=(cal.reduction_row_s or 0.0) if cpu else 0.0,
         reduction_s=(cal.reduction_s or 0.0) if cpu else 0.0,
-        mem_bandwidth_bytes_per_s=cal.mem_bandwidth_bytes_per_s, pointwise_flops_per_s=cal.pointwise_flops_per_s,
+        mem_bandwidth_bytes_per_s=cal.mem_bandwidth_bytes_per_s,
+        pointwise_flops_per_s=cal.pointwise_flops_per_s,
         matmul_flops_per_s=max((e.flops_per_s for e in cal.matmul), default=cal.pointwise_flops_per_s),
         bandwidth_efficiency=1.0 if cpu else 0.8,  # the CPU figure is a measured sustained rate
-        codegen="cpp" if cpu else "triton", overlap=not cpu, device_kernel_s=0.0 if cpu else 2e-6,
+        codegen="cpp" if cpu else "triton",
+        overlap=not cpu,
+        device_kernel_s=0.0 if cpu else 2e-6,
         source=f"calibrated: {cal.device} ({cal.dtype}, torch {cal.torch_version}, threads {cal.threads}, "
-               f"{cal.created})", calibration=cal)
+        f"{cal.created})",
+        calibration=cal,
+    )
     fields.update(device)
     return DeviceProfile(**fields)
 
@@ -175,19 +183,28 @@ def _cpu_profile() -> DeviceProfile:
 def _h200_profile() -> DeviceProfile:
     from optimus_eqsat.calibration.store import shipped_profile
 
-    return _from_calibration("h200", shipped_profile("h200"), half_matmul_flops_per_s=989e12,
-                             bandwidth_efficiency=0.8)
+    return _from_calibration("h200", shipped_profile("h200"), half_matmul_flops_per_s=989e12, bandwidth_efficiency=0.8)
 
 
 _DATASHEET: dict[str, DeviceProfile] = {
     "h100": DeviceProfile(
-        name="h100", mem_bandwidth_bytes_per_s=3.35e12, matmul_flops_per_s=67e12, half_matmul_flops_per_s=989e12,
-        pointwise_flops_per_s=67e12, source="NVIDIA H100 SXM5 datasheet; host costs measured on an H200",
-        **_GPU_HOST),
+        name="h100",
+        mem_bandwidth_bytes_per_s=3.35e12,
+        matmul_flops_per_s=67e12,
+        half_matmul_flops_per_s=989e12,
+        pointwise_flops_per_s=67e12,
+        source="NVIDIA H100 SXM5 datasheet; host costs measured on an H200",
+        **_GPU_HOST,
+    ),
     "a100": DeviceProfile(
-        name="a100", mem_bandwidth_bytes_per_s=2.039e12, matmul_flops_per_s=19.5e12,
-        half_matmul_flops_per_s=312e12, pointwise_flops_per_s=19.5e12,
-        source="NVIDIA A100 80GB SXM datasheet; host costs measured on an H200", **_GPU_HOST),
+        name="a100",
+        mem_bandwidth_bytes_per_s=2.039e12,
+        matmul_flops_per_s=19.5e12,
+        half_matmul_flops_per_s=312e12,
+        pointwise_flops_per_s=19.5e12,
+        source="NVIDIA A100 80GB SXM datasheet; host costs measured on an H200",
+        **_GPU_HOST,
+    ),
 }
 _MEASURED = {"cpu": _cpu_profile, "h200": _h200_profile}
 
@@ -239,9 +256,15 @@ def profile_for_inputs(example_inputs: Iterable[Any] | None) -> str:
     return "cpu"
 
 
-def kernel_costs(profile: DeviceProfile, kind: KernelKind, bytes_moved: float, flops: float,
-                 matmul_shape: tuple[int, int, int, int] | None = None, itemsize: int = 4,
-                 buffers: int = 1) -> tuple[float, float]:
+def kernel_costs(
+    profile: DeviceProfile,
+    kind: KernelKind,
+    bytes_moved: float,
+    flops: float,
+    matmul_shape: tuple[int, int, int, int] | None = None,
+    itemsize: int = 4,
+    buffers: int = 1,
+) -> tuple[float, float]:
     """(host seconds, device seconds) of one kernel of ``kind``: the launch and the
     ``buffers`` it writes on the host; max(memory, compute) on the device, a GPU kernel at
     least ``device_kernel_s``. VIEW and NONE cost nothing."""

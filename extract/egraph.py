@@ -128,7 +128,7 @@ def _walk(graph: ExtractionGraph, choice: dict[int, int]) -> list[int]:
                 s = state.get(ch)
                 if s == 1:
                     around = [c for c, _ in stack]
-                    raise CycleError(f"choice has a cycle through e-class {ch}", around[around.index(ch):])
+                    raise CycleError(f"choice has a cycle through e-class {ch}", around[around.index(ch) :])
                 if s is None:
                     state[ch] = 1
                     stack.append((ch, 0))

@@ -73,10 +73,16 @@ class EGraphCost:
     of two free programs the smaller is kept).
     """
 
-    def __init__(self, shapes: dict[int, tuple[int, ...]], op_kind: Callable[[str], str],
-                 profile: str | DeviceProfile = "h100", input_classes: Collection[int] = frozenset(),
-                 list_lengths: dict[int, int] | None = None, training: bool = False,
-                 constant_classes: Collection[int] = frozenset()):
+    def __init__(
+        self,
+        shapes: dict[int, tuple[int, ...]],
+        op_kind: Callable[[str], str],
+        profile: str | DeviceProfile = "h100",
+        input_classes: Collection[int] = frozenset(),
+        list_lengths: dict[int, int] | None = None,
+        training: bool = False,
+        constant_classes: Collection[int] = frozenset(),
+    ):
         self.training = training
         self.constant_classes = constant_classes
         self.shapes = shapes
@@ -217,8 +223,9 @@ def chosen_list_lengths(classes: Sequence[Sequence[Any]], choice: Mapping[int, i
     return lengths
 
 
-def reprice_cells(graph: ExtractionGraph, classes: Sequence[Sequence[Any]], choice: Mapping[int, int],
-                  cost: EGraphCost) -> ExtractionGraph | None:
+def reprice_cells(
+    graph: ExtractionGraph, classes: Sequence[Sequence[Any]], choice: Mapping[int, int], cost: EGraphCost
+) -> ExtractionGraph | None:
     """``graph`` with every list cell priced by the list it starts as the extraction
     ``choice`` builds it; None when that changes nothing (no chosen list is longer than a
     cat Inductor fuses, or the profile's cats are never fused).
@@ -239,7 +246,14 @@ def reprice_cells(graph: ExtractionGraph, classes: Sequence[Sequence[Any]], choi
     for c, nodes in enumerate(classes):
         if not any(n.ctor == "TCons" for n in nodes):
             continue
-        repriced[c] = [ENode(e.op, e.children, cost.cell(n, 1 + lengths.get(tail := n.children[1],
-                                                                              cost.list_lengths.get(tail, 0)), exact=True))
-                       if n.ctor == "TCons" else e for e, n in zip(graph.classes[c], nodes)]
+        repriced[c] = [
+            ENode(
+                e.op,
+                e.children,
+                cost.cell(n, 1 + lengths.get(tail := n.children[1], cost.list_lengths.get(tail, 0)), exact=True),
+            )
+            if n.ctor == "TCons"
+            else e
+            for e, n in zip(graph.classes[c], nodes)
+        ]
     return ExtractionGraph(repriced, graph.roots)

@@ -46,8 +46,14 @@ class AutoExtractor:
 
     name = "auto"
 
-    def __init__(self, max_ilp_nodes: int = 50_000, time_limit: float = 10.0, paid_rounds: int = 3,
-                 max_ilp_seconds: float = 8.0, give_up_after_s: float = 1.5) -> None:
+    def __init__(
+        self,
+        max_ilp_nodes: int = 50_000,
+        time_limit: float = 10.0,
+        paid_rounds: int = 3,
+        max_ilp_seconds: float = 8.0,
+        give_up_after_s: float = 1.5,
+    ) -> None:
         self.max_ilp_nodes = max_ilp_nodes
         self.greedy = GreedyDagExtractor(paid_rounds=paid_rounds)
         self.ilp = IlpExtractor(time_limit=min(time_limit, max_ilp_seconds), give_up_after_s=give_up_after_s)

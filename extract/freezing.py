@@ -41,8 +41,12 @@ def parameter_placeholders(gm: fx.GraphModule, example_inputs: Sequence[Any]) ->
 
 def _impure(node: fx.Node) -> bool:
     name = getattr(node.target, "__name__", str(node.target))
-    return node.op in ("call_module", "output", "placeholder") or any(word in name for word in _IMPURE) \
-        or name.endswith("_") and not name.endswith("__")
+    return (
+        node.op in ("call_module", "output", "placeholder")
+        or any(word in name for word in _IMPURE)
+        or name.endswith("_")
+        and not name.endswith("__")
+    )
 
 
 def parameter_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[fx.Node, Any]:
@@ -81,13 +85,20 @@ def parameter_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[
 def outermost(values: dict[fx.Node, Any]) -> list[fx.Node]:
     """The computed tensors of ``values`` (:func:`parameter_values`) read by a node outside it,
     in graph order: what the rest of the graph needs of the parameter-only work."""
-    return [node for node, value in values.items()
-            if node.op not in ("placeholder", "get_attr") and isinstance(value, torch.Tensor)
-            and not all(u in values for u in node.users)]
+    return [
+        node
+        for node, value in values.items()
+        if node.op not in ("placeholder", "get_attr")
+        and isinstance(value, torch.Tensor)
+        and not all(u in values for u in node.users)
+    ]
 
 
-def fold_parameters(gm: fx.GraphModule, example_inputs: Sequence[Any],
-                    select: Callable[[fx.GraphModule, Sequence[Any], dict], set] | None = None) -> fx.GraphModule:
+def fold_parameters(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    select: Callable[[fx.GraphModule, Sequence[Any], dict], set] | None = None,
+) -> fx.GraphModule:
     """A copy of ``gm`` with every node computed from parameters alone replaced by a constant.
 
     Only the outermost folded values (:func:`outermost`) become constants; the rest

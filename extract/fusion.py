@@ -180,8 +180,7 @@ class FusionStrategy:
 class Fusion:
     """Groups fusible nodes of one graph into generated kernels, and schedules them."""
 
-    def __init__(self, gm: fx.GraphModule, kinds: dict[fx.Node, KernelKind], infos: Infos,
-                 strategy: FusionStrategy):
+    def __init__(self, gm: fx.GraphModule, kinds: dict[fx.Node, KernelKind], infos: Infos, strategy: FusionStrategy):
         self.nodes = list(gm.graph.nodes)
         self.pos = {n: i for i, n in enumerate(self.nodes)}
         self.gm, self.kinds, self.infos, self.strategy = gm, kinds, infos, strategy
@@ -380,8 +379,7 @@ class Fusion:
     def fused_plan(self, members: Sequence[fx.Node]) -> KernelPlan:
         """One generated kernel holding ``members``."""
         labels = dict.fromkeys(op_label(self.gm, m) for m in members)
-        return KernelPlan(kind_of_group(self.kinds[m] for m in members), tuple(members),
-                          "fused: " + "+".join(labels))
+        return KernelPlan(kind_of_group(self.kinds[m] for m in members), tuple(members), "fused: " + "+".join(labels))
 
     def _extern_plan(self, node: fx.Node) -> KernelPlan:
         label = op_label(self.gm, node)
@@ -456,6 +454,7 @@ class Fusion:
             if lazy and not self._is_extern(members):
                 return self.realized_at(members)
             return min(self.pos[m] for m in members)
+
         first = [key(members) for members in units]
         deps: list[list[int]] = []
         for idx, members in enumerate(units):

@@ -80,8 +80,11 @@ class CppStrategy(FusionStrategy):
             return False
         inputs = [i for m in members for i in arg_nodes(m)]
         bases = [fusion.base[i] for i in inputs]
-        free = (bool(inputs) and len(set(bases)) == len(bases)
-                and all(fusion.realizes_into_cat(i) and fusion.base[i] not in self.claimed for i in inputs))
+        free = (
+            bool(inputs)
+            and len(set(bases)) == len(bases)
+            and all(fusion.realizes_into_cat(i) and fusion.base[i] not in self.claimed for i in inputs)
+        )
         self.claimed.update(bases)
         return free
 

@@ -179,8 +179,11 @@ class TritonStrategy(FusionStrategy):
             opcount[node] = ops
             # realize_acc_reads_threshold (8), realize_opcount_threshold (30);
             # on reuse, realize_reads_threshold (4)
-            self.unrealized[node] = len(acc) <= REALIZE_ACC_READS and ops <= REALIZE_OPCOUNT and (
-                len(node.users) <= 1 or len(acc) <= REALIZE_READS)
+            self.unrealized[node] = (
+                len(acc) <= REALIZE_ACC_READS
+                and ops <= REALIZE_OPCOUNT
+                and (len(node.users) <= 1 or len(acc) <= REALIZE_READS)
+            )
         # A pointwise cat inlines its unrealized inputs first (rule 10).
         for cat in fusion.nodes:
             for prod in self.absorbed.get(cat, ()):
@@ -196,22 +199,26 @@ class TritonStrategy(FusionStrategy):
             b = fusion.base[inp]
             unrealized = bool(self.unrealized.get(b))
             needs_copy.append(unrealized or b not in fusion.groups.parent)
-            reduction.append((fusion.kinds[b] is K.REDUCTION and not self._pointwise_like(fusion, b))
-                             or (unrealized and reads_reduction.get(b, False)))
+            reduction.append(
+                (fusion.kinds[b] is K.REDUCTION and not self._pointwise_like(fusion, b))
+                or (unrealized and reads_reduction.get(b, False))
+            )
         users = fusion.consumers(cat)
         pointwise_uses = bool(users) and all(fusion.kinds.get(u) in (K.POINTWISE, K.CAT) for u in users)
         if (any(needs_copy) and pointwise_uses) or (all(needs_copy) and not any(reduction)):
             self.pw_cats.add(cat)
             # Inlined: each unrealized input read only here, and, recursively,
             # the unrealized producers read only by an inlined node.
-            absorbed = [fusion.base[i] for i in inputs
-                        if self.unrealized.get(fusion.base[i]) and len(fusion.consumers(fusion.base[i])) == 1]
+            absorbed = [
+                fusion.base[i]
+                for i in inputs
+                if self.unrealized.get(fusion.base[i]) and len(fusion.consumers(fusion.base[i])) == 1
+            ]
             stack = list(absorbed)
             while stack:
                 for inp in arg_nodes(stack.pop()):
                     prod = fusion.base[inp]
-                    if (self.unrealized.get(prod) and prod not in absorbed
-                            and len(fusion.consumers(prod)) == 1):
+                    if self.unrealized.get(prod) and prod not in absorbed and len(fusion.consumers(prod)) == 1:
                         absorbed.append(prod)
                         stack.append(prod)
             self.absorbed[cat] = absorbed
@@ -278,7 +285,8 @@ class TritonStrategy(FusionStrategy):
                 if user.op == "output" or user not in fusion.groups.parent:
                     return False
                 if user in self.concat_cats and any(
-                        fusion.base[i] is m and whole_view(fusion.gm, i, m) for i in arg_nodes(user)):
+                    fusion.base[i] is m and whole_view(fusion.gm, i, m) for i in arg_nodes(user)
+                ):
                     return False
             escaped = True
         return escaped
@@ -288,9 +296,13 @@ class TritonStrategy(FusionStrategy):
         statistics kernel of each unrolled layer norm in it (rule 8)."""
         if members[0] in self.copies:
             n = self.copies[members[0]]
-            return [KernelPlan(K.CAT, tuple(members), f"cat copy {i + 1}/{n} (ConcatKernel)", CAT_COPY, n)
-                    for i in range(n)]
-        plans = [KernelPlan(K.REDUCTION, (m,), "layer_norm statistics (unrolled, r < 8)", NORM_STATS)
-                 for m in members if m in self.unrolled]
+            return [
+                KernelPlan(K.CAT, tuple(members), f"cat copy {i + 1}/{n} (ConcatKernel)", CAT_COPY, n) for i in range(n)
+            ]
+        plans = [
+            KernelPlan(K.REDUCTION, (m,), "layer_norm statistics (unrolled, r < 8)", NORM_STATS)
+            for m in members
+            if m in self.unrolled
+        ]
         plans.append(fusion.fused_plan(members))
         return plans

@@ -165,7 +165,11 @@ class GreedyDagExtractor:
                 break
         choice, _ = cg.to_choice(best)
         return Extraction(
-            choice, best_cost, "greedy", optimal=False, gap=None,
+            choice,
+            best_cost,
+            "greedy",
+            optimal=False,
+            gap=None,
             info={"pass": best_name, "classes": cg.n_classes, "nodes": cg.n_nodes},
         )
 
@@ -243,7 +247,7 @@ def _post_order(cg: CompactGraph, best: list[int], flip: bool = False) -> list[i
     children_of = cg.node_children
     if flip:
         children_of = [chs[::-1] for chs in children_of]
-    for root in (cg.roots[::-1] if flip else cg.roots):
+    for root in cg.roots[::-1] if flip else cg.roots:
         if state[root]:
             continue
         state[root] = 1

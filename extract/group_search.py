@@ -30,8 +30,9 @@ class GroupMove:
     members: dict[int, int]
 
 
-def batch_group_moves(egraph: Any, groups: Sequence[tuple[int, Sequence[int]]],
-                      name_of: Callable[[int], str]) -> list[GroupMove]:
+def batch_group_moves(
+    egraph: Any, groups: Sequence[tuple[int, Sequence[int]]], name_of: Callable[[int], str]
+) -> list[GroupMove]:
     """For every batch group: each member's choice of its slice of the batched term.
 
     ``egraph`` is the exported e-graph (``classes`` of term nodes, ``class_of_id``);
@@ -63,8 +64,11 @@ def long_cat_moves(egraph: Any, choice: dict[int, int], lengths: dict[int, int],
         node = egraph.classes[c][k]
         if node.ctor != "Cat" or lengths.get(node.children[0], 0) <= limit:
             continue
-        moves.extend(GroupMove(f"cat{c}:{j}", {c: j}) for j, other in enumerate(egraph.classes[c])
-                     if j != k and other.ctor == "Cat")
+        moves.extend(
+            GroupMove(f"cat{c}:{j}", {c: j})
+            for j, other in enumerate(egraph.classes[c])
+            if j != k and other.ctor == "Cat"
+        )
     return moves
 
 
@@ -132,7 +136,9 @@ def tree_choice(graph: ExtractionGraph) -> tuple[list[float], dict[int, int]]:
 MAX_ROUNDS = 4  # a move can pay only after the group feeding it moved: a few passes suffice
 
 
-def improve_with_groups(graph: ExtractionGraph, extraction: Extraction, moves: list[GroupMove]) -> tuple[Extraction, list[str]]:
+def improve_with_groups(
+    graph: ExtractionGraph, extraction: Extraction, moves: list[GroupMove]
+) -> tuple[Extraction, list[str]]:
     """Apply every move that lowers the DAG cost, in passes until none does.
 
     Returns the result and the names of the moves taken.
@@ -159,8 +165,14 @@ def improve_with_groups(graph: ExtractionGraph, extraction: Extraction, moves: l
         pending = left
     if not taken:
         return extraction, []
-    improved = Extraction(choice=choice, cost=cost, extractor=f"{extraction.extractor}+groups",
-                          optimal=False, gap=None, seconds=extraction.seconds)
+    improved = Extraction(
+        choice=choice,
+        cost=cost,
+        extractor=f"{extraction.extractor}+groups",
+        optimal=False,
+        gap=None,
+        seconds=extraction.seconds,
+    )
     return improved, taken
 
 
@@ -175,8 +187,9 @@ def _changes(move: GroupMove, choice: dict[int, int]) -> bool:
 MAX_REPAIRS = 16  # cycles a trial may break by re-picking a class on them
 
 
-def _try(graph: ExtractionGraph, fallback: tuple[list[float], dict[int, int]], choice: dict[int, int],
-         move: GroupMove) -> tuple[dict[int, int], float] | None:
+def _try(
+    graph: ExtractionGraph, fallback: tuple[list[float], dict[int, int]], choice: dict[int, int], move: GroupMove
+) -> tuple[dict[int, int], float] | None:
     """The program with the move applied (its reachable choice and DAG cost), or None
     when it closes a cycle even over the tree-cost fallbacks alone.
 
@@ -207,8 +220,14 @@ def _try(graph: ExtractionGraph, fallback: tuple[list[float], dict[int, int]], c
     return reached, _cost_of(graph, reached)
 
 
-def _cheapest_repick(graph: ExtractionGraph, tree_cost: list[float], base: dict[int, int], cycle: list[int],
-                     pinned: dict[int, int], banned: set[tuple[int, int]]) -> tuple[int, int] | None:
+def _cheapest_repick(
+    graph: ExtractionGraph,
+    tree_cost: list[float],
+    base: dict[int, int],
+    cycle: list[int],
+    pinned: dict[int, int],
+    banned: set[tuple[int, int]],
+) -> tuple[int, int] | None:
     """(class, node) on ``cycle``, not pinned, whose other node costs the least more by tree
     cost than the chosen one; None when no class on the cycle has another finite node."""
     best: tuple[float, int, int] | None = None

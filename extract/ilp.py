@@ -88,11 +88,19 @@ class IlpExtractor:
 
     name = "ilp"
 
-    def __init__(self, time_limit: float = 10.0, mip_rel_gap: float = 1e-6,
-                 presolve: bool | None = None, presolve_max_users: int = 2000,
-                 need_rows_max_nodes: int = 20_000, conflict_rows_max_nodes: int = 5_000,
-                 highspy_max_nodes: int = 5_000, give_up_after_s: float | None = None,
-                 give_up_gap: float = 0.3, max_reach_arcs: int = 20_000) -> None:
+    def __init__(
+        self,
+        time_limit: float = 10.0,
+        mip_rel_gap: float = 1e-6,
+        presolve: bool | None = None,
+        presolve_max_users: int = 2000,
+        need_rows_max_nodes: int = 20_000,
+        conflict_rows_max_nodes: int = 5_000,
+        highspy_max_nodes: int = 5_000,
+        give_up_after_s: float | None = None,
+        give_up_gap: float = 0.3,
+        max_reach_arcs: int = 20_000,
+    ) -> None:
         self.time_limit = time_limit
         self.max_reach_arcs = max_reach_arcs
         self.give_up_after_s = give_up_after_s
@@ -126,14 +134,16 @@ class IlpExtractor:
         info.update(ilp_classes=cg.n_classes, ilp_nodes=cg.n_nodes, reduce_s=time.perf_counter() - t0)
         need_rows = cg.n_nodes <= self.need_rows_max_nodes
         conflict_rows = cg.n_nodes <= self.conflict_rows_max_nodes
-        objective, integrality, bounds, constraints, n_x = _build(cg, need_rows, conflict_rows, self.max_reach_arcs, info)
+        objective, integrality, bounds, constraints, n_x = _build(
+            cg, need_rows, conflict_rows, self.max_reach_arcs, info
+        )
         info.update(need_rows=need_rows, conflict_rows=conflict_rows)
         positive = objective[objective > 0]
         unit = float(positive.min()) if positive.size else 1.0
         objective = objective / unit  # HiGHS tolerances are absolute: keep costs O(1) and up
         presolve = self.presolve
         if presolve is None:
-            users = np.diff(constraints.A.tocsc().indptr)[n_x: n_x + cg.n_classes]
+            users = np.diff(constraints.A.tocsc().indptr)[n_x : n_x + cg.n_classes]
             presolve = bool(users.max(initial=0) <= self.presolve_max_users + 1)
         remaining = max(0.1, self.time_limit - (time.perf_counter() - t0))
         give_up = None
@@ -141,9 +151,15 @@ class IlpExtractor:
             # (within a shorter time limit, its idle test comes at half that limit)
             after = min(self.give_up_after_s, self.time_limit)
             give_up = (max(0.1, after - (time.perf_counter() - t0)), self.give_up_gap, greedy.cost / unit)
-        res = _solve(objective, integrality, bounds, constraints,
-                     {"time_limit": remaining, "mip_rel_gap": self.mip_rel_gap, "presolve": presolve},
-                     use_highspy=cg.n_nodes <= self.highspy_max_nodes, give_up=give_up)
+        res = _solve(
+            objective,
+            integrality,
+            bounds,
+            constraints,
+            {"time_limit": remaining, "mip_rel_gap": self.mip_rel_gap, "presolve": presolve},
+            use_highspy=cg.n_nodes <= self.highspy_max_nodes,
+            give_up=give_up,
+        )
         info.update(presolve=presolve, solver=res.solver)
         info.update(stop=res.message, status=int(res.status), build_and_solve_s=time.perf_counter() - t0)
         dual = getattr(res, "mip_dual_bound", None)
@@ -164,9 +180,15 @@ class IlpExtractor:
         return Extraction(choice, cost, "ilp", optimal, gap, info=info)
 
 
-def _solve(objective: np.ndarray, integrality: np.ndarray, bounds: Bounds, constraints: LinearConstraint,
-           options: dict[str, float | bool], use_highspy: bool = True,
-           give_up: tuple[float, float, float] | None = None) -> SimpleNamespace:
+def _solve(
+    objective: np.ndarray,
+    integrality: np.ndarray,
+    bounds: Bounds,
+    constraints: LinearConstraint,
+    options: dict[str, float | bool],
+    use_highspy: bool = True,
+    give_up: tuple[float, float, float] | None = None,
+) -> SimpleNamespace:
     """Solve the MIP with highspy if asked and installed, else scipy ``milp`` (its result's fields).
 
     ``give_up`` = (seconds, gap, upper): past ``seconds``, stop while the gap of
@@ -185,11 +207,21 @@ def _solve(objective: np.ndarray, integrality: np.ndarray, bounds: Bounds, const
             milp,  # (imported where used: scipy is slow to import)
         )
 
-        res = milp(objective, integrality=integrality, bounds=bounds, constraints=constraints,
-                   options={**options, "disp": False})
-        return SimpleNamespace(x=res.x, status=int(res.status), message=res.message, solver="scipy",
-                               mip_dual_bound=getattr(res, "mip_dual_bound", None),
-                               mip_gap=getattr(res, "mip_gap", None))
+        res = milp(
+            objective,
+            integrality=integrality,
+            bounds=bounds,
+            constraints=constraints,
+            options={**options, "disp": False},
+        )
+        return SimpleNamespace(
+            x=res.x,
+            status=int(res.status),
+            message=res.message,
+            solver="scipy",
+            mip_dual_bound=getattr(res, "mip_dual_bound", None),
+            mip_gap=getattr(res, "mip_gap", None),
+        )
     # The bare core class: highspy.Highs() prints a banner to stdout when created.
     h = getattr(getattr(highspy, "_core", None), "_Highs", highspy.Highs)()
     h.setOptionValue("output_flag", False)
@@ -226,7 +258,9 @@ def _solve(objective: np.ndarray, integrality: np.ndarray, bounds: Bounds, const
         status=0 if status == highspy.HighsModelStatus.kOptimal else 1,
         message=h.modelStatusToString(status) + (f" ({hopeless.reason})" if hopeless and hopeless.reason else ""),
         solver="highspy",
-        mip_dual_bound=info.mip_dual_bound, mip_gap=info.mip_gap)
+        mip_dual_bound=info.mip_dual_bound,
+        mip_gap=info.mip_gap,
+    )
 
 
 class _GiveUp:

@@ -91,8 +91,7 @@ class _Model:
         self.hi.append(ub)
 
 
-def _cycle_conflicts(cg: CompactGraph, below: dict[int, int | None],
-                     max_rows: int = 50_000) -> list[tuple[int, ...]]:
+def _cycle_conflicts(cg: CompactGraph, below: dict[int, int | None], max_rows: int = 50_000) -> list[tuple[int, ...]]:
     """Node pairs and triples that can never all be chosen (they close a cycle).
 
     Nodes n (class c) and m (class d) conflict when d is below n and c is
@@ -272,8 +271,13 @@ def _order_rows(model: _Model, cg: CompactGraph, members: list[int]) -> None:
                     _exit_cut(model, cg, (c, d))
 
 
-def _build(cg: CompactGraph, need_rows: bool = True, conflict_rows: bool = True, max_reach_arcs: int = 20_000,
-           stats: dict[str, object] | None = None) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
+def _build(
+    cg: CompactGraph,
+    need_rows: bool = True,
+    conflict_rows: bool = True,
+    max_reach_arcs: int = 20_000,
+    stats: dict[str, object] | None = None,
+) -> tuple[np.ndarray, np.ndarray, Bounds, LinearConstraint, int]:
     """Objective, integrality, bounds, constraints and the number of x vars.
 
     ``stats``, if given, receives how acyclicity was modelled: the number of

@@ -106,8 +106,9 @@ def _bits(mask: int):
         mask ^= low
 
 
-def _needs_avoiding(cg: CompactGraph, members: list[int], banned: int, need: list[int | None],
-                    parents_in: list[list[int]]) -> dict[int, int | None]:
+def _needs_avoiding(
+    cg: CompactGraph, members: list[int], banned: int, need: list[int | None], parents_in: list[list[int]]
+) -> dict[int, int | None]:
     """``need`` on one component's classes for terms that do not use class ``banned``.
 
     Same fixpoint as :func:`_needs`, restricted to ``members`` and to bits of

@@ -41,10 +41,25 @@ K = KernelKind
 
 # Rough FLOPs per output element (per input element for reductions); default 1.
 FLOPS_PER_ELEMENT: dict[str, float] = {
-    "gelu": 8, "silu": 4, "sigmoid": 4, "tanh": 4, "exp": 2, "erf": 6, "mish": 8,
-    "softmax": 5, "_softmax": 5, "log_softmax": 6, "_log_softmax": 6,
-    "layer_norm": 8, "native_layer_norm": 8, "group_norm": 8, "rms_norm": 5,
-    "batch_norm": 4, "var": 3, "var_mean": 3, "std": 3,
+    "gelu": 8,
+    "silu": 4,
+    "sigmoid": 4,
+    "tanh": 4,
+    "exp": 2,
+    "erf": 6,
+    "mish": 8,
+    "softmax": 5,
+    "_softmax": 5,
+    "log_softmax": 6,
+    "_log_softmax": 6,
+    "layer_norm": 8,
+    "native_layer_norm": 8,
+    "group_norm": 8,
+    "rms_norm": 5,
+    "batch_norm": 4,
+    "var": 3,
+    "var_mean": 3,
+    "std": 3,
 }
 
 # KernelPlan roles: how a planned launch is priced.
@@ -100,8 +115,15 @@ class Pricing:
     linear as one F.linear per member (the CPU fallback) instead of one launch.
     """
 
-    def __init__(self, gm: fx.GraphModule, kinds: dict[fx.Node, KernelKind], infos: Infos,
-                 base: dict[fx.Node, fx.Node], profile: DeviceProfile, grouped_per_member: bool = False):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        kinds: dict[fx.Node, KernelKind],
+        infos: Infos,
+        base: dict[fx.Node, fx.Node],
+        profile: DeviceProfile,
+        grouped_per_member: bool = False,
+    ):
         self.gm, self.kinds, self.infos, self.base = gm, kinds, infos, base
         self.profile, self.grouped_per_member = profile, grouped_per_member
         self.views = 0  # wrapper views of the graph (wrapper_views), set by fx_cost.plan_kernels
@@ -110,20 +132,29 @@ class Pricing:
         """The kernels ``plan`` launches, priced (one, except a grouped linear's members)."""
         if plan.role == EXTERN:
             node = plan.nodes[0]
-            return self.grouped_linear(node) or [self._priced(plan, self.extern_bytes(node), self.node_flops(node),
-                                                              self.matmul_shape(node), self.itemsize(node))]
+            return self.grouped_linear(node) or [
+                self._priced(
+                    plan, self.extern_bytes(node), self.node_flops(node), self.matmul_shape(node), self.itemsize(node)
+                )
+            ]
         if plan.role == CAT_COPY:
             return [self._priced(plan, self.group_bytes(plan.nodes) // plan.share, 0.0)]
         if plan.role == NORM_STATS:
             args = arg_nodes(plan.nodes[0])
             return [self._priced(plan, _nbytes(self.infos.get(args[0])) if args else 0, 0.0)]
-        kernel = self._priced(plan, self.group_bytes(plan.nodes), sum(self.node_flops(m) for m in plan.nodes),
-                              buffers=self.buffers(plan.nodes))
+        kernel = self._priced(
+            plan,
+            self.group_bytes(plan.nodes),
+            sum(self.node_flops(m) for m in plan.nodes),
+            buffers=self.buffers(plan.nodes),
+        )
         reductions = [m for m in plan.nodes if self.kinds.get(m) is K.REDUCTION]
         if reductions and (self.profile.reduction_row_s or self.profile.reduction_s):
             # small reductions run far from any roofline (CPU loops): each loop's setup and rows
-            extra = len(reductions) * self.profile.reduction_s + sum(
-                self.reduction_rows(m) for m in reductions) * self.profile.reduction_row_s
+            extra = (
+                len(reductions) * self.profile.reduction_s
+                + sum(self.reduction_rows(m) for m in reductions) * self.profile.reduction_row_s
+            )
             kernel = dataclasses.replace(kernel, seconds=kernel.seconds + extra, device_s=kernel.device_s + extra)
         return [kernel]
 
@@ -139,8 +170,15 @@ class Pricing:
             return first.numel // first.shape[-1]  # same shape out as in: a normalization, one row per last dim
         return out
 
-    def _priced(self, plan: KernelPlan, nbytes: int, flops: float, shape: tuple[int, int, int, int] | None = None,
-                itemsize: int = 4, buffers: int = 1) -> PredictedKernel:
+    def _priced(
+        self,
+        plan: KernelPlan,
+        nbytes: int,
+        flops: float,
+        shape: tuple[int, int, int, int] | None = None,
+        itemsize: int = 4,
+        buffers: int = 1,
+    ) -> PredictedKernel:
         host, device = kernel_costs(self.profile, plan.kind, nbytes, flops, shape, itemsize, buffers)
         return PredictedKernel(plan.kind, plan.nodes, nbytes, flops, host + device, plan.note, host, device)
 
@@ -277,19 +315,46 @@ class Pricing:
             n_out, k = wi.shape
             rows = xi.numel // k if k else 0
             bias = _nbytes(self.infos.get(b)) if isinstance(b, fx.Node) else 0
-            members.append((xi.nbytes + wi.nbytes + bias + rows * n_out * xi.itemsize, 2.0 * rows * n_out * k,
-                            (1, rows, k, n_out), xi.itemsize))
+            members.append(
+                (
+                    xi.nbytes + wi.nbytes + bias + rows * n_out * xi.itemsize,
+                    2.0 * rows * n_out * k,
+                    (1, rows, k, n_out),
+                    xi.itemsize,
+                )
+            )
         costs = [kernel_costs(prof, K.MATMUL, nbytes, flops, shape, size) for nbytes, flops, shape, size in members]
         if self.grouped_per_member:
             dispatch = prof.launch_s(K.MATMUL)  # the op's own dispatch, around its F.linear calls
-            return [PredictedKernel(K.MATMUL, (node,), int(nbytes), flops, host + device + (dispatch if i == 0 else 0),
-                                    f"grouped_linear member {i} (F.linear fallback)",
-                                    host + (dispatch if i == 0 else 0), device)
-                    for i, ((nbytes, flops, _, _), (host, device)) in enumerate(zip(members, costs))]
-        host = prof.launch_s(K.MATMUL) + prof.alloc_s + prof.grouped_host_s + prof.grouped_host_s_per_member * len(members)
+            return [
+                PredictedKernel(
+                    K.MATMUL,
+                    (node,),
+                    int(nbytes),
+                    flops,
+                    host + device + (dispatch if i == 0 else 0),
+                    f"grouped_linear member {i} (F.linear fallback)",
+                    host + (dispatch if i == 0 else 0),
+                    device,
+                )
+                for i, ((nbytes, flops, _, _), (host, device)) in enumerate(zip(members, costs))
+            ]
+        host = (
+            prof.launch_s(K.MATMUL) + prof.alloc_s + prof.grouped_host_s + prof.grouped_host_s_per_member * len(members)
+        )
         device = sum(d for _, d in costs)
-        return [PredictedKernel(K.MATMUL, (node,), int(sum(m[0] for m in members)), sum(m[1] for m in members),
-                                host + device, f"grouped_linear ({len(members)} linears, one launch)", host, device)]
+        return [
+            PredictedKernel(
+                K.MATMUL,
+                (node,),
+                int(sum(m[0] for m in members)),
+                sum(m[1] for m in members),
+                host + device,
+                f"grouped_linear ({len(members)} linears, one launch)",
+                host,
+                device,
+            )
+        ]
 
     # -- training: the backward of a forward's kernels -----------------------------
     def backward_costs(self, kernels: Sequence[PredictedKernel], grad: set[fx.Node]) -> list[tuple[float, float]]:
@@ -313,17 +378,23 @@ class Pricing:
             if kernel.kind in (K.MATMUL, K.OPAQUE) and len(kernel.nodes) == 1:
                 node = kernel.nodes[0]
                 operands = self._matmul_operands(node)
-                needing = sum(1 for o in operands if o is True or (isinstance(o, fx.Node) and o in grad)) \
-                    if operands else 1
+                needing = (
+                    sum(1 for o in operands if o is True or (isinstance(o, fx.Node) and o in grad)) if operands else 1
+                )
                 shape, size = self.matmul_shape(node), self.itemsize(node)
                 for _ in range(needing):
                     costs.append(kernel_costs(self.profile, kernel.kind, kernel.bytes_moved, kernel.flops, shape, size))
                 continue
             if kernel.kind is K.CAT and all(n.op in ("placeholder", "get_attr") for n in self._cat_sources(kernel)):
                 continue
-            tables = sum(_nbytes(self.infos.get(arg_nodes(n)[1])) for n in kernel.nodes
-                         if self.kinds.get(n) is K.GATHER and len(arg_nodes(n)) > 1 and arg_nodes(n)[1] in grad
-                         and op_label(self.gm, n) == "embedding")
+            tables = sum(
+                _nbytes(self.infos.get(arg_nodes(n)[1]))
+                for n in kernel.nodes
+                if self.kinds.get(n) is K.GATHER
+                and len(arg_nodes(n)) > 1
+                and arg_nodes(n)[1] in grad
+                and op_label(self.gm, n) == "embedding"
+            )
             costs.append(kernel_costs(self.profile, K.POINTWISE, 2 * kernel.bytes_moved + tables, kernel.flops))
         return costs
 
@@ -351,8 +422,11 @@ def needs_grad(gm: fx.GraphModule, example_inputs: Sequence | None = None) -> se
     from optimus_eqsat.fxvocab import fetch_attr, meta_value
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = list(example_inputs) if example_inputs is not None and len(example_inputs) == len(placeholders) \
+    values = (
+        list(example_inputs)
+        if example_inputs is not None and len(example_inputs) == len(placeholders)
         else [meta_value(n) for n in placeholders]
+    )
     grad: set[fx.Node] = {n for n, v in zip(placeholders, values) if isinstance(v, torch.Tensor) and v.requires_grad}
     for node in gm.graph.nodes:
         if node.op == "get_attr":

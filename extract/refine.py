@@ -31,8 +31,9 @@ log = logging.getLogger("optimus_eqsat")
 
 # A class whose batched alternative refine forbids keeps these (the member's slice of
 # another group's result, a cat of views): only the batched computation itself goes.
-_KEPT_WHEN_BANNED = frozenset(c.name for c in CTORS.values()
-                               if c.output == "Tensor" and c.role in (Role.LEAF, Role.VIEW, Role.CAT))
+_KEPT_WHEN_BANNED = frozenset(
+    c.name for c in CTORS.values() if c.output == "Tensor" and c.role in (Role.LEAF, Role.VIEW, Role.CAT)
+)
 
 # Batch kinds whose price in the e-graph is least sure come first in refine, which may
 # only have time for one or two variants on large graphs: padded linears (whether the
@@ -77,8 +78,10 @@ class BatchRefine:
         """Batch kinds the extraction ``choice`` uses (dropping an unused one changes
         nothing), those whose price is least sure first."""
         class_of = self.egraph.class_of_id
-        return sorted((k for k, ids in self.batch_outputs.items() if any(class_of.get(i) in choice for i in ids)),
-                      key=_refine_priority)
+        return sorted(
+            (k for k, ids in self.batch_outputs.items() if any(class_of.get(i) in choice for i in ids)),
+            key=_refine_priority,
+        )
 
     @staticmethod
     def variants(kinds: Sequence[str]) -> list[tuple[str, ...]]:
@@ -94,8 +97,10 @@ class BatchRefine:
             banned.update(eg.class_of_id[i] for i in self.batch_outputs.get(kind, ()) if i in eg.class_of_id)
         classes = list(graph.classes)
         for c in banned:
-            classes[c] = [node if term.ctor in _KEPT_WHEN_BANNED else ENode(node.op, node.children, math.inf)
-                          for node, term in zip(graph.classes[c], eg.classes[c])]
+            classes[c] = [
+                node if term.ctor in _KEPT_WHEN_BANNED else ENode(node.op, node.children, math.inf)
+                for node, term in zip(graph.classes[c], eg.classes[c])
+            ]
         return ExtractionGraph(classes, graph.roots)
 
     def variant_seconds(self, phase_seconds: Mapping[str, float], extractor: str | None) -> float | None:
@@ -112,9 +117,14 @@ class BatchRefine:
         # (rebuild, and one of verify's two predictions) on top of its extraction.
         return extract_s + phase_seconds.get("rebuild", 0.0) + phase_seconds.get("verify", 0.0) / 2
 
-    def run(self, choice: Mapping[int, int], first: Variant[T], report: Any,
-            build: Callable[[tuple[str, ...]], tuple[T, torch.fx.GraphModule]],
-            predict: Callable[[torch.fx.GraphModule], tuple[int, float]]) -> Variant[T] | None:
+    def run(
+        self,
+        choice: Mapping[int, int],
+        first: Variant[T],
+        report: Any,
+        build: Callable[[tuple[str, ...]], tuple[T, torch.fx.GraphModule]],
+        predict: Callable[[torch.fx.GraphModule], tuple[int, float]],
+    ) -> Variant[T] | None:
         """Try the variants of the extraction ``choice`` (predicted as ``first``); return
         the fastest, or None when refine had nothing to try or no time for it.
 
@@ -133,8 +143,11 @@ class BatchRefine:
         best = first
         for dropped in self.variants(kinds):
             if time.perf_counter() - start + variant_s > self.time_limit_s:
-                log.info("optimus_eqsat: refine stopped: a variant (about %.1f s) would overrun its time limit "
-                         "(%.1f s)", variant_s, self.time_limit_s)
+                log.info(
+                    "optimus_eqsat: refine stopped: a variant (about %.1f s) would overrun its time limit (%.1f s)",
+                    variant_s,
+                    self.time_limit_s,
+                )
                 break
             report.refine_tried.append(list(dropped))
             try:

@@ -14,8 +14,15 @@ from optimus_eqsat.report import OptimizeReport
 from optimus_eqsat.stacking import stack_parameters, unstack_parameters
 
 __version__ = "0.1.0"
-__all__ = ["optimize_graph", "OptimizeOptions", "OptimizeReport", "OptimizationError", "predicted_launches",
-           "stack_parameters", "unstack_parameters"]
+__all__ = [
+    "optimize_graph",
+    "OptimizeOptions",
+    "OptimizeReport",
+    "OptimizationError",
+    "predicted_launches",
+    "stack_parameters",
+    "unstack_parameters",
+]
 
 
 def predicted_launches(gm, example_inputs=None, profile: str = "h100") -> int:

@@ -119,16 +119,22 @@ class OptimizationRun:
     extractor read) and ``extraction``.
     """
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None,
-                 options: OptimizeOptions | None = None, report: OptimizeReport | None = None,
-                 rulesets: Sequence[rewrites.RuleSet] | None = None):
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any] | None = None,
+        options: OptimizeOptions | None = None,
+        report: OptimizeReport | None = None,
+        rulesets: Sequence[rewrites.RuleSet] | None = None,
+    ):
         self.gm, self.example_inputs = gm, example_inputs
         self.batches = None
         self.options = options or OptimizeOptions()
         self.rulesets = None if rulesets is None else list(rulesets)
         self.report = report or OptimizeReport(nodes_before=op_count(gm))
-        self.objective = Objective.resolve(self.options.profile, self.options.mode, gm, example_inputs,
-                                            self.options.cached_parameters)
+        self.objective = Objective.resolve(
+            self.options.profile, self.options.mode, gm, example_inputs, self.options.cached_parameters
+        )
         self.report.mode, self.report.profile = self.objective.mode, self.objective.profile.name
 
     def optimize(self) -> torch.fx.GraphModule:
@@ -165,10 +171,12 @@ class OptimizationRun:
                 self.session.load(self.batches.facts, fx_nodes=len(t.nodes))
             if self.batches.facts:
                 with phase(report, "saturate"):
-                    after = Limits(opts.batch_iterations, opts.max_enodes, opts.time_limit_s,
-                                   deadline=budget.saturation_deadline())
-                    sat = self.saturation = self.session.saturate(after, previous=sat,
-                                                                  record_eclasses=opts.record_eclasses)
+                    after = Limits(
+                        opts.batch_iterations, opts.max_enodes, opts.time_limit_s, deadline=budget.saturation_deadline()
+                    )
+                    sat = self.saturation = self.session.saturate(
+                        after, previous=sat, record_eclasses=opts.record_eclasses
+                    )
         report.record_saturation(sat)
         with phase(report, "export"):
             self.egraph = export(self.session.egraph)
@@ -176,11 +184,18 @@ class OptimizationRun:
         shapes = self.egraph.shapes
         if t.symbols:  # symbolic sizes are priced at their example value
             shapes = {c: t.symbols.hinted(s) for c, s in shapes.items()}
-        constants = self.egraph.constant_classes(self._parameter_ids()) if self.objective.parameter_work_once \
-            else frozenset()
-        self.cost = EGraphCost(shapes, lambda key: t.registry.specs[key].kind, self.objective.profile,
-                               self.egraph.input_classes(), self.egraph.list_lengths(), self.objective.training,
-                               constants)
+        constants = (
+            self.egraph.constant_classes(self._parameter_ids()) if self.objective.parameter_work_once else frozenset()
+        )
+        self.cost = EGraphCost(
+            shapes,
+            lambda key: t.registry.specs[key].kind,
+            self.objective.profile,
+            self.egraph.input_classes(),
+            self.egraph.list_lengths(),
+            self.objective.training,
+            constants,
+        )
 
     def _parameter_ids(self) -> set[int]:
         """Ids of the translation's parameters: lifted to inputs (Dynamo), module attributes
@@ -208,7 +223,8 @@ class OptimizationRun:
             self.extraction = get_extractor(name, **options).extract(self.graph)
             if self.batches is not None:
                 self.extraction, self.report.group_moves = improve_with_groups(
-                    self.graph, self.extraction, self.group_moves())
+                    self.graph, self.extraction, self.group_moves()
+                )
         self.report.record_extraction(self.extraction)
 
     def build(self, meta: bool = True) -> torch.fx.GraphModule:
@@ -244,8 +260,10 @@ class OptimizationRun:
         step = before + self.options.rest_of_step_s  # min_gain is a fraction of the whole step
         if before - after < min_gain * step:
             of = "" if step == before else f" of a {step:.3e} s step"
-            return (f"predicted gain {(before - after) / step:.2%}{of} below min_gain {min_gain:.0%} "
-                    f"({before:.3e} s -> {after:.3e} s)")
+            return (
+                f"predicted gain {(before - after) / step:.2%}{of} below min_gain {min_gain:.0%} "
+                f"({before:.3e} s -> {after:.3e} s)"
+            )
         return None
 
     def group_moves(self) -> list[GroupMove]:
@@ -261,13 +279,15 @@ class OptimizationRun:
         with phase(report, "rebuild"):
             result = self.build(meta=not refine)
         with phase(report, "verify"):
-            report.launches_before, report.cost_before = predict(with_regions_inlined(gm), self.example_inputs,
-                                                                 self.objective)
+            report.launches_before, report.cost_before = predict(
+                with_regions_inlined(gm), self.example_inputs, self.objective
+            )
             report.launches_after, report.cost_after = predict(result, self.example_inputs, self.objective)
         if refine:
             with phase(report, "refine"):
                 result, report.launches_after, report.cost_after = refine_run(
-                    self, result, report.launches_after, report.cost_after)
+                    self, result, report.launches_after, report.cost_after
+                )
             with phase(report, "rebuild"):
                 if result is None:  # a variant won: build it, with meta
                     result = self.build()

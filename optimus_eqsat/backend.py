@@ -126,18 +126,21 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                 return compile_optimized_piece(gm, example_inputs)
             return compile_with_us(gm, example_inputs, run_pre_grad=pre_grad and piece is None)
 
-    decision_options = (use_inductor, inductor_config, budget_s, memory_slack, pre_grad, post_grad,
-                        recompute_masks)
+    decision_options = (use_inductor, inductor_config, budget_s, memory_slack, pre_grad, post_grad, recompute_masks)
 
     def graph_options_for(gm: torch.fx.GraphModule) -> dict[str, Any]:
         return {**options, "time_limit_s": backend_time_limit(op_count(gm))} if scaled_budget else options
 
-    def decision_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_options: dict[str, Any],
-                     context: str = "") -> tuple[str | None, StoredDecision | None]:
+    def decision_for(
+        gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_options: dict[str, Any], context: str = ""
+    ) -> tuple[str | None, StoredDecision | None]:
         """The key of the measured choice on ``gm`` (in ``context``: "ddp" times programs cut at
         DDP's buckets), and what an earlier process decided there."""
-        key = _decision_key(gm, example_inputs, graph_options, (*decision_options, context)) \
-            if measure and use_inductor else None
+        key = (
+            _decision_key(gm, example_inputs, graph_options, (*decision_options, context))
+            if measure and use_inductor
+            else None
+        )
         return key, load_decision(key)
 
     def from_stored_decision(original: torch.fx.GraphModule, stored: StoredDecision) -> OptimizeReport:
@@ -154,9 +157,9 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         decision, stored = decision_for(gm, example_inputs, graph_options)
         if stored is not None and stored.kept != "optimized":  # an earlier process measured it
             from_stored_decision(original, stored)
-            return _inductor(inductor_config)(original, example_inputs,
-                                              **({"config_patches": mask_patches()} if stored.kept == "masked"
-                                                 else {}))
+            return _inductor(inductor_config)(
+                original, example_inputs, **({"config_patches": mask_patches()} if stored.kept == "masked" else {})
+            )
         if run_pre_grad:
             optimized = optimize_graph(gm, example_inputs, **graph_options)
             report = optimized.meta.get("optimus_eqsat")
@@ -183,11 +186,12 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         # rewrite and cost up to 1.6 s (ple inference). The backward, which autograd wrote, is
         # still optimized.
         roles = ("backward",) if pre_changed else ("forward", "backward")
-        patches = {**(post_grad_patches(graph_options, post_reports, mine, roles=roles) if post_grad else {}),
-                   **(mask_patches(masks, sliced=[sliced]) if recompute_masks else {})}
+        patches = {
+            **(post_grad_patches(graph_options, post_reports, mine, roles=roles) if post_grad else {}),
+            **(mask_patches(masks, sliced=[sliced]) if recompute_masks else {}),
+        }
         # (under Inductor's freezing, Inductor folds that work itself)
-        cache = pre_changed and options["cached_parameters"] and report.mode == "inference" \
-            and not freezing_enabled()
+        cache = pre_changed and options["cached_parameters"] and report.mode == "inference" and not freezing_enabled()
         patches = {**inductor_patches(pre_changed), **patches}
         start = time.perf_counter()
         compiled = _compile_program(compile_fx, program, example_inputs, report, patches, cache)
@@ -205,20 +209,41 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             def post_rewrote(training: bool) -> bool:
                 return post_grad and _post_grad_rewrote(mine, training)
 
-            rewritten = None if pre_changed else (
-                lambda training: (recompute_masks and _masks_recomputed(sliced, training)) or post_rewrote(training))
+            rewritten = (
+                None
+                if pre_changed
+                else (
+                    lambda training: (recompute_masks and _masks_recomputed(sliced, training)) or post_rewrote(training)
+                )
+            )
             # Masks recomputed: the original graph with the masks alone, compiled with Inductor's
             # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites,
             # and the in-place reuse our programs go without (INDUCTOR_PATCHES), can cost memory
             # the masks do not (transformer training at 256: 16% more peak memory, the masks
             # alone 5% less). Without a rewrite of ours besides the masks, our program is that
             # one: not compiled twice.
-            extra = {"masked": Deferred(lambda: compile_fx(copy_module(original), example_inputs,
-                                                           config_patches=mask_patches()),
-                                        wanted=lambda: pre_changed or post_rewrote(True))} \
-                if any(masks) and not _symbolic(example_inputs) else {}
-            compiled = _measured(compile_fx, compiled, original, example_inputs, report, budget_s, rewritten,
-                                 memory_slack, extra, on_decided=lambda result: store_decision(decision, result))
+            extra = (
+                {
+                    "masked": Deferred(
+                        lambda: compile_fx(copy_module(original), example_inputs, config_patches=mask_patches()),
+                        wanted=lambda: pre_changed or post_rewrote(True),
+                    )
+                }
+                if any(masks) and not _symbolic(example_inputs)
+                else {}
+            )
+            compiled = _measured(
+                compile_fx,
+                compiled,
+                original,
+                example_inputs,
+                report,
+                budget_s,
+                rewritten,
+                memory_slack,
+                extra,
+                on_decided=lambda result: store_decision(decision, result),
+            )
         _log_report(report)
         return compiled
 
@@ -226,15 +251,20 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         """A piece of a program our pre-grad pass rewrote, compiled as :func:`compile_with_us`
         compiles such a program (the whole program's measured choice covers it)."""
         compile_fx = _inductor(inductor_config)
-        patches = {**inductor_patches(True),
-                   **(post_grad_patches(graph_options_for(gm), post_reports, roles=("backward",)) if post_grad
-                      else {}),
-                   **(mask_patches() if recompute_masks else {})}
+        patches = {
+            **inductor_patches(True),
+            **(post_grad_patches(graph_options_for(gm), post_reports, roles=("backward",)) if post_grad else {}),
+            **(mask_patches() if recompute_masks else {}),
+        }
         compiled = _compile(compile_fx, gm, example_inputs, OptimizeReport(), patches)
         return compiled if compiled is not None else compile_fx(gm, example_inputs)
 
-    def compile_whole_ddp_graph(split: Callable[[torch.fx.GraphModule], Callable], gm: torch.fx.GraphModule,
-                                example_inputs: Sequence[Any], buckets: tuple[int, int] | None = None) -> Callable:
+    def compile_whole_ddp_graph(
+        split: Callable[[torch.fx.GraphModule], Callable],
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        buckets: tuple[int, int] | None = None,
+    ) -> Callable:
         """DDP (:mod:`.ddp_whole_graph`): optimize Dynamo's whole graph, then let DDPOptimizer cut
         the program kept into its buckets (``split``); the measured choice times the optimized
         program's pieces against the original's, both cut, on the first real call."""
@@ -264,8 +294,10 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             except Exception as exc:
                 if is_dynamo_signal(exc):
                     raise
-                log.warning("optimus_eqsat: DDPOptimizer failed on the optimized graph (%s); compiling the "
-                            "original", first_line(exc))
+                log.warning(
+                    "optimus_eqsat: DDPOptimizer failed on the optimized graph (%s); compiling the original",
+                    first_line(exc),
+                )
                 report.fall_back(f"DDPOptimizer: {type(exc).__name__}: {exc}"[:500])
                 with piece_mode(Piece.UNCHANGED):
                     return split(original)
@@ -279,9 +311,17 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
                     baseline = split(copy_module(original))
                 baseline_s = time.perf_counter() - start
                 report.ddp_pieces = (piece_count(baseline), report.ddp_pieces[1])
-                compiled = _measured(_inductor(inductor_config), compiled, original, example_inputs, report,
-                                     budget_s, memory_slack=memory_slack, baseline=(baseline, baseline_s),
-                                     on_decided=lambda result: store_decision(decision, result))
+                compiled = _measured(
+                    _inductor(inductor_config),
+                    compiled,
+                    original,
+                    example_inputs,
+                    report,
+                    budget_s,
+                    memory_slack=memory_slack,
+                    baseline=(baseline, baseline_s),
+                    on_decided=lambda result: store_decision(decision, result),
+                )
             _log_report(report)
             return compiled
 
@@ -292,8 +332,11 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
     return backend
 
 
-def post_grad_patches(options: dict[str, Any], *reports: list[tuple[str, OptimizeReport]],
-                      roles: tuple[str, ...] = ("forward", "backward")) -> dict[str, Any]:
+def post_grad_patches(
+    options: dict[str, Any],
+    *reports: list[tuple[str, OptimizeReport]],
+    roles: tuple[str, ...] = ("forward", "backward"),
+) -> dict[str, Any]:
     """Inductor config patches that add our post-grad pass, on the graphs of ``roles``, after
     any the user installed (``compile_fx`` applies them to its lazily compiled backward too);
     its reports go to every list in ``reports``. The pass turns in-place buffers off in a
@@ -328,8 +371,13 @@ def _after_theirs(option: str, ours: Any) -> dict[str, Any]:
     return {option: passes}
 
 
-def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-             report: OptimizeReport, patches: dict[str, Any] | None = None) -> Callable | None:
+def _compile(
+    compile_fx: Callable,
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    report: OptimizeReport,
+    patches: dict[str, Any] | None = None,
+) -> Callable | None:
     """Inductor on the optimized graph with config ``patches`` (our post-grad pass, and
     :func:`~.inductor_compat.inductor_patches`; those for a rewritten graph when None); None
     (and a logged fallback) when Inductor fails on it."""
@@ -341,8 +389,9 @@ def _compile(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Seq
         # Inductor's own passes can trip on shapes they do not expect (seen: its
         # attention-fusion pattern on a folded q/k/v permute). Never fail the user's
         # compile for it: compile the graph Dynamo gave us instead.
-        log.warning("optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
-                    first_line(exc))
+        log.warning(
+            "optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original", first_line(exc)
+        )
         report.fall_back(f"Inductor: {type(exc).__name__}: {exc}"[:500])
         return None
 
@@ -358,15 +407,22 @@ def compile_program(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cac
     return compiled if compiled is not None else compile_fx(gm, example_inputs)
 
 
-def _compile_program(compile_fx: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                     report: OptimizeReport, patches: dict[str, Any] | None, cache: bool) -> Callable | None:
+def _compile_program(
+    compile_fx: Callable,
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    report: OptimizeReport,
+    patches: dict[str, Any] | None,
+    cache: bool,
+) -> Callable | None:
     """Inductor on the chosen program; with ``cache``, cut first at its parameter-only work,
     which then runs once (:class:`.parameter_cache.CachedParameterWork`). None on failure."""
     work = _parameter_work(gm, example_inputs) if cache else None
     if work is None:
         return _compile(compile_fx, gm, example_inputs, report, patches)
-    compiled = _compile(compile_fx, work.main, [*static_example_values(work.example_values), *example_inputs],
-                        report, patches)
+    compiled = _compile(
+        compile_fx, work.main, [*static_example_values(work.example_values), *example_inputs], report, patches
+    )
     if compiled is None:
         return None
     report.parameter_packs = len(work.packs)
@@ -403,12 +459,19 @@ def _masks_recomputed(counts: list[int], training: bool) -> bool:
     return training and (not counts or any(counts))
 
 
-def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.GraphModule,
-              example_inputs: Sequence[Any], report: OptimizeReport, budget_s: float,
-              rewritten: Callable[[bool], bool] | None = None,
-              memory_slack: tuple[float, int] = MEMORY_SLACK, extra: dict[str, Deferred] | None = None,
-              on_decided: Callable[[GuardResult], None] | None = None,
-              baseline: tuple[Callable, float] | None = None) -> Callable:
+def _measured(
+    compile_fx: Callable,
+    compiled: Callable,
+    original: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    report: OptimizeReport,
+    budget_s: float,
+    rewritten: Callable[[bool], bool] | None = None,
+    memory_slack: tuple[float, int] = MEMORY_SLACK,
+    extra: dict[str, Deferred] | None = None,
+    on_decided: Callable[[GuardResult], None] | None = None,
+    baseline: tuple[Callable, float] | None = None,
+) -> Callable:
     """``compiled`` and the original graph compiled (or ``baseline``: the original compiled by
     the caller, and the seconds that took), of which the first call keeps the faster.
 
@@ -438,13 +501,20 @@ def _measured(compile_fx: Callable, compiled: Callable, original: torch.fx.Graph
         if on_decided is not None:
             on_decided(result)
 
-    return FirstCallChoice({"original": original_program, "optimized": compiled, **(extra or {})}, original, budget_s,
-                           record, rewritten=rewritten, memory_slack=memory_slack,
-                           run_at_compile_time=run_at_compile_time)
+    return FirstCallChoice(
+        {"original": original_program, "optimized": compiled, **(extra or {})},
+        original,
+        budget_s,
+        record,
+        rewritten=rewritten,
+        memory_slack=memory_slack,
+        run_at_compile_time=run_at_compile_time,
+    )
 
 
-def _decision_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any],
-                  backend_options: tuple[Any, ...]) -> str | None:
+def _decision_key(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any], backend_options: tuple[Any, ...]
+) -> str | None:
     """The persistent cache's key of the measured choice on this graph, or None (cache off, a
     graph it cannot key, or a call inside a backward, whose choice is never timed)."""
     try:
@@ -458,8 +528,9 @@ def _decision_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], optio
 def _report_of_decision(original: torch.fx.GraphModule, stored: StoredDecision) -> OptimizeReport:
     """The report of a compile that an earlier process's measured choice decided: the
     original graph (or it with its masks recomputed) was kept."""
-    report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original),
-                            measured=stored.measured, from_cache=True)
+    report = OptimizeReport(
+        nodes_before=op_count(original), nodes_after=op_count(original), measured=stored.measured, from_cache=True
+    )
     report.fall_back(f"measured not faster (an earlier run's decision, cached): {stored.measured.summary()}")
     return report
 
@@ -475,7 +546,7 @@ def run_at_compile_time(program: Callable, args: Sequence[Any]) -> Any:
     behind a parameter cache runs its prologue on the call's parameters and packs nothing."""
     if isinstance(program, CachedParameterWork):
         params = [args[k] for k in program.param_positions]
-        return program.main(*program.prologue(*params)[:program.n_values], *args)
+        return program.main(*program.prologue(*params)[: program.n_values], *args)
     return program(*args)
 
 
@@ -560,8 +631,12 @@ def _with_config(compile_fx: Callable, config: dict[str, Any]) -> Callable:
     if not config:
         return compile_fx
 
-    def compile_with_config(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                            config_patches: dict[str, Any] | None = None, **kwargs: Any) -> Callable:
+    def compile_with_config(
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        config_patches: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Callable:
         return compile_fx(gm, example_inputs, config_patches={**config, **(config_patches or {})}, **kwargs)
 
     return compile_with_config
@@ -583,22 +658,39 @@ def backend_options(mode: str | None = None, options: dict[str, Any] | None = No
         elif name in inductor_names:
             config[name] = value
         else:
-            raise ValueError(f"optimus_eqsat backend: unknown option {name!r}: neither an optimize_graph or "
-                             f"backend option ({sorted(ours)}) nor an Inductor config")
+            raise ValueError(
+                f"optimus_eqsat backend: unknown option {name!r}: neither an optimize_graph or "
+                f"backend option ({sorted(ours)}) nor an Inductor config"
+            )
     if config:
         result["inductor_config"] = {**config, **result.get("inductor_config", {})}
     return result
 
 
 # make_backend's own options (besides optimize_graph's).
-BACKEND_OPTIONS = ("inductor", "inductor_config", "measure", "measure_budget_s", "memory_slack", "pre_grad",
-                   "post_grad", "recompute_masks", "cache_parameters", "whole_ddp_graph")
+BACKEND_OPTIONS = (
+    "inductor",
+    "inductor_config",
+    "measure",
+    "measure_budget_s",
+    "memory_slack",
+    "pre_grad",
+    "post_grad",
+    "recompute_masks",
+    "cache_parameters",
+    "whole_ddp_graph",
+)
 
 _MADE: dict[str, Callable] = {}  # backends for torch.compile's (mode, options), by their repr
 
 
-def optimus_eqsat_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
-                          options: dict[str, Any] | None = None) -> Callable:
+def optimus_eqsat_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable:
     """The default backend (entry point ``optimus_eqsat``). ``torch.compile`` passes its
     ``mode`` (when not "default") and ``options`` here: see :func:`backend_options`."""
     return _made(mode, options)(gm, example_inputs)
@@ -614,9 +706,15 @@ def _made(mode: str | None, options: dict[str, Any] | None) -> Callable:
     return _MADE[key]
 
 
-def _whole_ddp_graph(split: Callable[[torch.fx.GraphModule], Callable], gm: torch.fx.GraphModule,
-                     example_inputs: Sequence[Any], *, buckets: tuple[int, int] | None = None,
-                     mode: str | None = None, options: dict[str, Any] | None = None) -> Callable:
+def _whole_ddp_graph(
+    split: Callable[[torch.fx.GraphModule], Callable],
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    buckets: tuple[int, int] | None = None,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable:
     """The default backend under DDP (:mod:`.ddp_whole_graph`): that of ``mode`` and ``options``."""
     made = _made(mode, options)
     whole = getattr(made, "whole_ddp_graph", None)

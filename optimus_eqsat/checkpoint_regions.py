@@ -38,8 +38,9 @@ _region_ids = itertools.count(1 << 20)  # above the ids torch hands out for the 
 
 
 def _is_checkpoint(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is getattr(torch.ops.higher_order, "tag_activation_checkpoint",
-                                                                  None)
+    return node.op == "call_function" and node.target is getattr(
+        torch.ops.higher_order, "tag_activation_checkpoint", None
+    )
 
 
 def _body(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule | None:
@@ -54,7 +55,8 @@ def _body(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.GraphModule
         return None  # (kwargs of the checkpointed function itself)
     for n in body.graph.nodes:
         if n.op in ("get_attr", "call_module") or (
-                n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)):
+            n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)
+        ):
             return None
     return body
 

@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="run the benchmark harness (from a repository checkout)", add_help=False)
     _add_calibrate_parser(sub)
     _add_check_rules_parser(sub)
-    cache = sub.add_parser("cache", help="show or --clear the persistent cache of optimized programs and "
-                           "measured decisions")
+    cache = sub.add_parser(
+        "cache", help="show or --clear the persistent cache of optimized programs and measured decisions"
+    )
     cache.add_argument("--clear", action="store_true", help="remove every entry")
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
@@ -60,17 +61,27 @@ def run_cache(args: argparse.Namespace) -> int:
 
 
 def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
-    cal = sub.add_parser("calibrate", help="measure this machine's per-call costs and throughputs through "
-                         "Inductor and store them as the cost model's device profile")
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure this machine's per-call costs and throughputs through "
+        "Inductor and store them as the cost model's device profile",
+    )
     cal.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     cal.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     cal.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's current setting)")
     cal.add_argument("--quick", action="store_true", help="a smoke run: fewer programs, rounds and shapes")
-    cal.add_argument("--clock", default="auto", choices=["auto", "wall", "cpu"],
-                     help="auto: CPU time for one CPU thread, CUDA events on CUDA, else wall time")
+    cal.add_argument(
+        "--clock",
+        default="auto",
+        choices=["auto", "wall", "cpu"],
+        help="auto: CPU time for one CPU thread, CUDA events on CUDA, else wall time",
+    )
     cal.add_argument("--out", default=None, help="write the profile here instead of the user's cache")
-    cal.add_argument("--show", action="store_true",
-                     help="measure nothing; print the profile the cost model would use now (user's or shipped)")
+    cal.add_argument(
+        "--show",
+        action="store_true",
+        help="measure nothing; print the profile the cost model would use now (user's or shipped)",
+    )
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -81,12 +92,21 @@ def run_calibrate(args: argparse.Namespace) -> int:
         profile = current_profile(args.device, args.dtype, args.threads)
         mine = load_profile(args.device, args.dtype, args.threads) is not None
         print(profile.table())
-        print("(your calibrated profile)" if mine else
-              "(shipped default; run `optimus-eqsat calibrate` to measure this machine)")
+        print(
+            "(your calibrated profile)"
+            if mine
+            else "(shipped default; run `optimus-eqsat calibrate` to measure this machine)"
+        )
         return 0
     try:
-        profile = calibrate(args.device, args.dtype, threads=args.threads, quick=args.quick, clock=args.clock,
-                            progress=lambda line: print(line, file=sys.stderr))
+        profile = calibrate(
+            args.device,
+            args.dtype,
+            threads=args.threads,
+            quick=args.quick,
+            clock=args.clock,
+            progress=lambda line: print(line, file=sys.stderr),
+        )
     except CalibrationError as exc:
         print(f"calibration failed: {exc}", file=sys.stderr)
         return 1
@@ -96,15 +116,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 
 def _add_check_rules_parser(sub: argparse._SubParsersAction) -> None:
-    chk = sub.add_parser("check-rules", help="test every rule of egglog rule files on random tensors "
-                         "(exit status 1 when one is unsound)")
+    chk = sub.add_parser(
+        "check-rules", help="test every rule of egglog rule files on random tensors (exit status 1 when one is unsound)"
+    )
     chk.add_argument("files", nargs="+", metavar="FILE.egg")
     chk.add_argument("--samples", type=int, default=100, help="valid instances to test per rule (default 100)")
     chk.add_argument("--seed", type=int, default=0)
     chk.add_argument("--time-limit", type=float, default=None, help="seconds per file (default: none)")
     chk.add_argument("--rule", action="append", default=None, metavar="NAME", help="check only this rule (repeatable)")
-    chk.add_argument("--no-mixed-dtypes", action="store_true",
-                     help="one dtype per instance (by default some instances mix float dtypes)")
+    chk.add_argument(
+        "--no-mixed-dtypes",
+        action="store_true",
+        help="one dtype per instance (by default some instances mix float dtypes)",
+    )
 
 
 def run_check_rules(args: argparse.Namespace) -> int:
@@ -115,8 +139,14 @@ def run_check_rules(args: argparse.Namespace) -> int:
     status = 0
     for path in args.files:
         try:
-            verdicts = check_rules(path, samples=args.samples, seed=args.seed, time_limit_s=args.time_limit,
-                                   mixed_dtypes=not args.no_mixed_dtypes, only=args.rule)
+            verdicts = check_rules(
+                path,
+                samples=args.samples,
+                seed=args.seed,
+                time_limit_s=args.time_limit,
+                mixed_dtypes=not args.no_mixed_dtypes,
+                only=args.rule,
+            )
         except RuleFileError as exc:
             print(f"check-rules: {exc}", file=sys.stderr)
             status = 2

@@ -77,13 +77,17 @@ def sink_input_work(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     no all-reduce overlapping the backward. Next to their layers, the stacks close buckets
     between batched layers as the original graph's parameters do between its layers."""
     graph = gm.graph
-    parameters = {n for n in graph.find_nodes(op="placeholder")
-                  if isinstance(n.meta.get("example_value"), torch.nn.Parameter)}  # (as DDPOptimizer finds them)
+    parameters = {
+        n for n in graph.find_nodes(op="placeholder") if isinstance(n.meta.get("example_value"), torch.nn.Parameter)
+    }  # (as DDPOptimizer finds them)
     input_only: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "get_attr" or (node.op in ("call_function", "call_method") and not node.is_impure()
-                                     and node.all_input_nodes
-                                     and all(a in parameters or a in input_only for a in node.all_input_nodes)):
+        if node.op == "get_attr" or (
+            node.op in ("call_function", "call_method")
+            and not node.is_impure()
+            and node.all_input_nodes
+            and all(a in parameters or a in input_only for a in node.all_input_nodes)
+        ):
             input_only.add(node)
     order: list[torch.fx.Node] = []
     placed: set[torch.fx.Node] = set()
@@ -123,8 +127,9 @@ def sink_input_work(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 #: compiles ``gm`` cut into DDP's buckets (bytes of the first bucket and of the others), each
 #: piece by the backend. (The default backend's also takes torch.compile's
 #: ``mode`` and ``options`` as keywords.)
-WholeGraphCompiler = Callable[[Callable[[torch.fx.GraphModule], Callable], torch.fx.GraphModule, Sequence[Any]],
-                              Callable]
+WholeGraphCompiler = Callable[
+    [Callable[[torch.fx.GraphModule], Callable], torch.fx.GraphModule, Sequence[Any]], Callable
+]
 
 
 def _whole_graph_compiler(backend: Any) -> WholeGraphCompiler | None:
@@ -164,8 +169,12 @@ def install() -> bool:
         whole = _whole_graph_compiler(self.backend_compile_fn)
         if whole is None or configs:
             return cut(self, gm, example_inputs, **configs)
-        return whole(lambda graph: cut(self, graph, example_inputs), gm, example_inputs,
-                     buckets=(self.first_bucket_cap, self.bucket_bytes_cap))
+        return whole(
+            lambda graph: cut(self, graph, example_inputs),
+            gm,
+            example_inputs,
+            buckets=(self.first_bucket_cap, self.bucket_bytes_cap),
+        )
 
     compile_fn._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
     DDPOptimizer.compile_fn = compile_fn

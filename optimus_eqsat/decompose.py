@@ -180,8 +180,11 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
     when ``copy`` (``gm`` itself when nothing applies)."""
     nodes = list(gm.graph.nodes)
     share_draws = not keeps_rng_order() and bool(shared_draw_groups(gm))
-    if not share_draws and not _batchable_training_norms(gm) \
-            and not any(_private_inplace(gm, n) is not None or _decomposable(n) for n in nodes):
+    if (
+        not share_draws
+        and not _batchable_training_norms(gm)
+        and not any(_private_inplace(gm, n) is not None or _decomposable(n) for n in nodes)
+    ):
         return gm
     out = copy_module(gm) if copy else gm
     if share_draws:
@@ -219,8 +222,11 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
 def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
     """A function making ``node`` out-of-place, when it writes into a fresh tensor that only it
     reads and its out-of-place form is known; else None."""
-    if node.op not in ("call_function", "call_method", "call_module") or not node.args \
-            or node.kwargs.get("out") is not None:
+    if (
+        node.op not in ("call_function", "call_method", "call_module")
+        or not node.args
+        or node.kwargs.get("out") is not None
+    ):
         return None
     x = node.args[0]
     if not isinstance(x, torch.fx.Node) or len(x.users) != 1 or x.op in ("placeholder", "get_attr", "output"):
@@ -248,16 +254,24 @@ def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
         return lambda: node.update_arg(position, False)
     name = getattr(target, "__name__", "")
     for namespace in (torch, F):
-        if name.endswith("_") and name[:-1] in HANDLERS and getattr(namespace, name, None) is target \
-                and callable(getattr(namespace, name[:-1], None)):
+        if (
+            name.endswith("_")
+            and name[:-1] in HANDLERS
+            and getattr(namespace, name, None) is target
+            and callable(getattr(namespace, name[:-1], None))
+        ):
             plain_fn = getattr(namespace, name[:-1])
             return lambda: setattr(node, "target", plain_fn)
     return None
 
 
 # Augmented assignments and the op each is when its target is private.
-_AUGMENTED = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
-              operator.itruediv: operator.truediv}
+_AUGMENTED = {
+    operator.iadd: operator.add,
+    operator.isub: operator.sub,
+    operator.imul: operator.mul,
+    operator.itruediv: operator.truediv,
+}
 
 
 def _same_result(node: torch.fx.Node) -> bool:
@@ -287,15 +301,20 @@ def _fresh(gm: torch.fx.GraphModule, x: torch.fx.Node) -> bool:
     else:
         name = canonical_name(x)
     writes_side_memory_only = bool(running_stats_written(x)) or renormed_table(gm, x) is not None
-    return name is not None and name not in ALIASING_OPS | _MAY_RETURN_INPUT \
+    return (
+        name is not None
+        and name not in ALIASING_OPS | _MAY_RETURN_INPUT
         and (writes_side_memory_only or not is_mutating(gm, x))
+    )
 
 
 def _decompose_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]) -> None:
     x, mean, var = args["input"], args["running_mean"], args["running_var"]
     with graph.inserting_before(node):
-        scale = _like(graph.call_function(torch.rsqrt, (_like(graph.call_function(
-            torch.add, (var, float(args["eps"]))), var),)), var)
+        scale = _like(
+            graph.call_function(torch.rsqrt, (_like(graph.call_function(torch.add, (var, float(args["eps"]))), var),)),
+            var,
+        )
         if args["weight"] is not None:
             scale = _like(graph.call_function(torch.mul, (scale, args["weight"])), var)
         centered = _like(graph.call_function(torch.sub, (x, mean)), node)
@@ -306,8 +325,9 @@ def _decompose_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict
     graph.erase_node(node)
 
 
-def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]
-                                   ) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+def _decompose_training_batch_norm(
+    graph: torch.fx.Graph, node: torch.fx.Node, args: dict[str, Any]
+) -> tuple[torch.fx.Node, torch.fx.Node] | None:
     """Replace a training-mode batch norm by its normalization; the updates of its running
     statistics it leaves to the caller: the batch's (mean, biased variance) per channel,
     outside autograd (None without running statistics)."""
@@ -334,8 +354,9 @@ def _decompose_training_batch_norm(graph: torch.fx.Graph, node: torch.fx.Node, a
                 y = call(op, y, param)
         batch_stats = None
         if args["running_mean"] is not None:
-            batch_stats = tuple(call("reshape", call("detach", stat, method=True), channels, method=True)
-                                for stat in (mean, var))
+            batch_stats = tuple(
+                call("reshape", call("detach", stat, method=True), channels, method=True) for stat in (mean, var)
+            )
     for key in _META_KEYS:  # the norm's own meta is the result's
         if key in node.meta:
             y.meta[key] = node.meta[key]
@@ -359,12 +380,14 @@ def _update_statistics(graph: torch.fx.Graph, updates: dict[tuple, list[tuple[to
         with graph.inserting_before(output):
             graph.call_function(torch._foreach_mul_, ([*means, *variances], 1.0 - momentum))
             graph.call_function(torch._foreach_add_, (means, [n[2] for n in norms]), {"alpha": momentum})
-            graph.call_function(torch._foreach_add_, (variances, [n[3] for n in norms]),
-                                {"alpha": momentum * count / (count - 1)})
+            graph.call_function(
+                torch._foreach_add_, (variances, [n[3] for n in norms]), {"alpha": momentum * count / (count - 1)}
+            )
 
 
-def _update_statistics_here(graph: torch.fx.Graph, key: tuple, stats: tuple[torch.fx.Node, ...],
-                            batch_stats: tuple[torch.fx.Node, ...]) -> None:
+def _update_statistics_here(
+    graph: torch.fx.Graph, key: tuple, stats: tuple[torch.fx.Node, ...], batch_stats: tuple[torch.fx.Node, ...]
+) -> None:
     """One norm's updates, right after its batch statistics (others read or write its running
     statistics, so the writes keep their place)."""
     momentum, count, _ = key
@@ -376,8 +399,9 @@ def _update_statistics_here(graph: torch.fx.Graph, key: tuple, stats: tuple[torc
 
 def _own_statistics(node: torch.fx.Node, args: dict[str, Any]) -> bool:
     """Whether the norm is the only reader and writer of its running statistics."""
-    return all(isinstance(s, torch.fx.Node) and set(s.users) == {node}
-               for s in (args["running_mean"], args["running_var"]))
+    return all(
+        isinstance(s, torch.fx.Node) and set(s.users) == {node} for s in (args["running_mean"], args["running_var"])
+    )
 
 
 def _counter_increments(gm: torch.fx.GraphModule) -> dict[Any, list[torch.fx.Node]]:
@@ -388,8 +412,13 @@ def _counter_increments(gm: torch.fx.GraphModule) -> dict[Any, list[torch.fx.Nod
         if node.op != "call_method" or node.target != "add_" or len(node.args) != 2 or node.kwargs or node.users:
             continue
         buffer, step = node.args
-        if isinstance(buffer, torch.fx.Node) and buffer.op in ("placeholder", "get_attr") \
-                and set(buffer.users) == {node} and isinstance(step, (int, float)) and not isinstance(step, bool):
+        if (
+            isinstance(buffer, torch.fx.Node)
+            and buffer.op in ("placeholder", "get_attr")
+            and set(buffer.users) == {node}
+            and isinstance(step, (int, float))
+            and not isinstance(step, bool)
+        ):
             groups[(type(step), step)].append(node)
     return {k: v for k, v in groups.items() if len(v) >= 2}
 
@@ -426,6 +455,7 @@ def _computed(node: torch.fx.Node) -> torch.fx.Node:
         leaves = torch.utils._pytree.tree_leaves(values)
         mode = next((v.fake_mode for v in leaves if isinstance(v, FakeTensor)), None)
         if mode is None:
+
             def to_meta(v: Any) -> Any:
                 if isinstance(v, torch.Tensor):
                     return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")

@@ -95,15 +95,24 @@ def run_demo(profile: str = "h100", extractor: str = "auto", features: int = 8) 
     progress = _Progress(total=2 + len(MODES) * 4)
     model = DemoRecModel(features=features)
     inputs = model.example_inputs(BATCH)
-    print(f"optimus-eqsat demo: {type(model).__name__}, {features} feature towers (layer_norm -> linear -> relu "
-          f"on splits of one dense block, split/cat and unbind/stack plumbing), batch {BATCH}", flush=True)
+    print(
+        f"optimus-eqsat demo: {type(model).__name__}, {features} feature towers (layer_norm -> linear -> relu "
+        f"on splits of one dense block, split/cat and unbind/stack plumbing), batch {BATCH}",
+        flush=True,
+    )
 
     # The optimizer on the traced graph, priced for a GPU: the prediction (it also loads
     # the optimizer once, as the warm-up below does for Inductor).
     with progress.stage(f"optimizer on the traced graph, priced for {profile}"):
         start = time.perf_counter()
-        optimized = optimize_graph(torch.fx.symbolic_trace(model), inputs, profile=profile, extractor=extractor,
-                                   mode="training", persistent_cache=False)
+        optimized = optimize_graph(
+            torch.fx.symbolic_trace(model),
+            inputs,
+            profile=profile,
+            extractor=extractor,
+            mode="training",
+            persistent_cache=False,
+        )
         optimizer_s = time.perf_counter() - start
     report = optimized.meta["optimus_eqsat"]
 
@@ -121,23 +130,33 @@ def run_demo(profile: str = "h100", extractor: str = "auto", features: int = 8) 
         progress.close()
 
     print()
-    print(f"Measured on this machine: {_machine()}; one thread; step time: median of {ROUNDS} interleaved "
-          "rounds (CPU time), / Inductor: the per-round ratios' median and 10th / 90th percentiles")
+    print(
+        f"Measured on this machine: {_machine()}; one thread; step time: median of {ROUNDS} interleaved "
+        "rounds (CPU time), / Inductor: the per-round ratios' median and 10th / 90th percentiles"
+    )
     print(_table(result.rows))
-    print("ours = torch.compile(model, backend=\"optimus_eqsat\"); kernels: calls in Inductor's output code "
-          "of the program that runs\n(forward + backward in training); first call: compile with Inductor's "
-          "caches off, plus one step.")
+    print(
+        'ours = torch.compile(model, backend="optimus_eqsat"); kernels: calls in Inductor\'s output code '
+        "of the program that runs\n(forward + backward in training); first call: compile with Inductor's "
+        "caches off, plus one step."
+    )
     what = {"inference": "inference outputs", "training": "training gradients"}
-    print("numerics, ours vs eager: " + ", ".join(
-        f"{what[mode]} max abs diff {diff:.1e}" for mode, diff in result.max_diff.items())
-        + (" -> OK" if result.ok else " -> MISMATCH"))
+    print(
+        "numerics, ours vs eager: "
+        + ", ".join(f"{what[mode]} max abs diff {diff:.1e}" for mode, diff in result.max_diff.items())
+        + (" -> OK" if result.ok else " -> MISMATCH")
+    )
     print()
-    print(f"Predicted by the cost model for {profile} (a prediction, not measured here): training step "
-          f"{_us(report.cost_before)} -> {_us(report.cost_after)}, kernel launches "
-          f"{report.launches_before} -> {report.launches_after}")
+    print(
+        f"Predicted by the cost model for {profile} (a prediction, not measured here): training step "
+        f"{_us(report.cost_before)} -> {_us(report.cost_after)}, kernel launches "
+        f"{report.launches_before} -> {report.launches_after}"
+    )
     batched = ", ".join(f"{k} x{v}" for k, v in report.batched.items()) or "none"
-    print(f"optimizer on the traced graph: {report.nodes_before} -> {report.nodes_after} FX ops in "
-          f"{optimizer_s:.1f} s; batched: {batched}")
+    print(
+        f"optimizer on the traced graph: {report.nodes_before} -> {report.nodes_after} FX ops in "
+        f"{optimizer_s:.1f} s; batched: {batched}"
+    )
     if logging.getLogger().isEnabledFor(logging.INFO):
         print(report.summary())
     else:
@@ -217,8 +236,10 @@ def _our_program(backend: Callable, codes: list[str], inductor_kernels: int) -> 
         if report is not None and report.fell_back:
             return compiled, f"the original: {report.fallback_reason}"
         return compiled, "nothing rewritten: the original, compiled once"
-    times = (f"its first call timed ours at {measured.ratio:.2f}x the original, "
-             f"p25-p75 {measured.ratio_p25:.2f}-{measured.ratio_p75:.2f}")
+    times = (
+        f"its first call timed ours at {measured.ratio:.2f}x the original, "
+        f"p25-p75 {measured.ratio_p25:.2f}-{measured.ratio_p75:.2f}"
+    )
     if measured.kept == "original":
         return inductor_kernels, f"measured choice kept the original ({times}: {measured.reason})"
     if measured.kept == "optimized" and set(measured.compile_s) <= {"original"}:
@@ -231,8 +252,9 @@ def _grad(parameter: torch.Tensor) -> torch.Tensor:
     return parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
 
 
-def _interleaved(steps: dict[str, Callable[[], Any]],
-                 baseline: str) -> tuple[dict[str, float], dict[str, tuple[float, float, float]]]:
+def _interleaved(
+    steps: dict[str, Callable[[], Any]], baseline: str
+) -> tuple[dict[str, float], dict[str, tuple[float, float, float]]]:
     """Median step seconds per method, and the per-round ratios to ``baseline`` (median, 10th
     and 90th percentiles): every round each method takes a turn (one untimed step, then steps
     for at least TURN_S of this thread's CPU time), the order rotating from round to round."""
@@ -242,7 +264,7 @@ def _interleaved(steps: dict[str, Callable[[], Any]],
             steps[name]()
     per_round: dict[str, list[float]] = {name: [] for name in names}
     for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             steps[name]()
             count, start = 0, time.thread_time()
             while True:
@@ -298,8 +320,11 @@ def _quiet_stderr() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
             held.seek(0)
-            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
-                    if "ActivityProfilerHandler" not in line]
+            kept = [
+                line
+                for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                if "ActivityProfilerHandler" not in line
+            ]
             if kept:
                 sys.stderr.write("".join(kept))
                 sys.stderr.flush()
@@ -320,8 +345,9 @@ class _Progress:
         if tqdm is None or not self.out.isatty():
             self.bar = None
         else:
-            self.bar = tqdm(total=total, file=self.out, leave=False,
-                            bar_format="{n_fmt}/{total_fmt} [{elapsed}] {desc}")
+            self.bar = tqdm(
+                total=total, file=self.out, leave=False, bar_format="{n_fmt}/{total_fmt} [{elapsed}] {desc}"
+            )
             threading.Thread(target=self._tick, daemon=True).start()
 
     def _tick(self) -> None:
@@ -333,8 +359,11 @@ class _Progress:
         if self.bar is not None:
             self.bar.set_description_str(text)
         else:
-            print(f"[{self.done + 1}/{self.total} {time.perf_counter() - self.start:5.0f} s] {text}",
-                  file=self.out, flush=True)
+            print(
+                f"[{self.done + 1}/{self.total} {time.perf_counter() - self.start:5.0f} s] {text}",
+                file=self.out,
+                flush=True,
+            )
         yield
         self.done += 1
         if self.bar is not None:
@@ -353,8 +382,9 @@ def _machine() -> str:
 
 
 def _table(rows: list[Row]) -> str:
-    header = (f"{'mode':<10} {'method':<9} {'step time':>10} {'/ Inductor [p10, p90]':>22} {'kernels':>8} "
-              f"{'first call':>11}")
+    header = (
+        f"{'mode':<10} {'method':<9} {'step time':>10} {'/ Inductor [p10, p90]':>22} {'kernels':>8} {'first call':>11}"
+    )
     lines = [header]
     for row in rows:
         kernels = "-" if row.kernels is None else str(row.kernels)

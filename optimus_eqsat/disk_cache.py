@@ -140,7 +140,7 @@ class DiskCache:
             if len(entries) <= MAX_ENTRIES:
                 return
             entries.sort(key=lambda p: p.stat().st_mtime)
-            for path in entries[:len(entries) - MAX_ENTRIES]:
+            for path in entries[: len(entries) - MAX_ENTRIES]:
                 path.unlink(missing_ok=True)
         except OSError:
             pass

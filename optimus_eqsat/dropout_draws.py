@@ -60,8 +60,11 @@ def _dropout(node: torch.fx.Node) -> tuple[float, tuple[int, ...], torch.dtype, 
     if not isinstance(p, float) or not 0 < p < 1 or not isinstance(args["input"], torch.fx.Node):
         return None
     value = meta_value(node)
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point() \
-            or not all(isinstance(s, int) for s in value.shape):
+    if (
+        not isinstance(value, torch.Tensor)
+        or not value.is_floating_point()
+        or not all(isinstance(s, int) for s in value.shape)
+    ):
         return None
     return p, tuple(value.shape), value.dtype, value.device
 

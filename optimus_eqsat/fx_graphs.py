@@ -22,8 +22,7 @@ def has_fake_meta(gm: torch.fx.GraphModule) -> bool:
 # What Dynamo attaches to the GraphModule it hands a backend, beyond the graph: which
 # placeholders are parameters, buffers and their sources. Inductor reads it (a copy
 # without it compiled deepctr's DNN training step to one kernel more than the original).
-_DYNAMO_MODULE_ATTRIBUTES = ("_param_name_to_source", "_source_to_user_stacks", "shape_env",
-                             "compile_subgraph_reason")
+_DYNAMO_MODULE_ATTRIBUTES = ("_param_name_to_source", "_source_to_user_stacks", "shape_env", "compile_subgraph_reason")
 
 
 def carry_dynamo_attributes(source: torch.fx.GraphModule, target: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -35,8 +34,9 @@ def carry_dynamo_attributes(source: torch.fx.GraphModule, target: torch.fx.Graph
     for name in _DYNAMO_MODULE_ATTRIBUTES:
         if name in source.__dict__ and name not in target.__dict__:
             setattr(target, name, source.__dict__[name])
-    sources = {n.name: n._dynamo_source for n in source.graph.nodes
-               if n.op == "placeholder" and hasattr(n, "_dynamo_source")}
+    sources = {
+        n.name: n._dynamo_source for n in source.graph.nodes if n.op == "placeholder" and hasattr(n, "_dynamo_source")
+    }
     for node in target.graph.nodes:
         if node.op == "placeholder" and node.name in sources and not hasattr(node, "_dynamo_source"):
             node._dynamo_source = sources[node.name]
@@ -51,5 +51,3 @@ def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph.output(out)
     graph._codegen = gm.graph._codegen
     return carry_dynamo_attributes(gm, torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__))
-
-

@@ -95,10 +95,17 @@ class GuardResult:
         if not self.rounds:
             return f"not timed: {self.reason}"
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
-        memory = (" peak " + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.peak_bytes.items())
-                  + f" above {self.resident_bytes / 2**20:.2f} MiB of inputs" if self.peak_bytes else "")
-        return (f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] "
-                f"over {self.rounds} rounds;{memory}: kept {self.kept} ({self.reason})")
+        memory = (
+            " peak "
+            + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in self.peak_bytes.items())
+            + f" above {self.resident_bytes / 2**20:.2f} MiB of inputs"
+            if self.peak_bytes
+            else ""
+        )
+        return (
+            f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] "
+            f"over {self.rounds} rounds;{memory}: kept {self.kept} ({self.reason})"
+        )
 
 
 def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
@@ -142,8 +149,9 @@ def timing_inputs(example_inputs: Sequence[Any], written: set[int], training: bo
 
 # Namespaces of collective ops (c10d, functional collectives, DTensor's): every rank must run
 # them alike, so a graph holding one is never timed (ranks would time different numbers of rounds).
-COLLECTIVE_NAMESPACES = frozenset({"c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd",
-                                   "_dtensor", "symm_mem"})
+COLLECTIVE_NAMESPACES = frozenset(
+    {"c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem"}
+)
 
 
 def _is_collective(target: Any) -> bool:
@@ -158,9 +166,12 @@ def _is_collective(target: Any) -> bool:
 def has_collectives(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` (or a graph it holds, a higher-order op's body) calls a collective op
     or a function of ``torch.distributed``."""
-    return any(node.op in ("call_function", "call_method") and _is_collective(node.target)
-               for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
-               for node in module.graph.nodes)
+    return any(
+        node.op in ("call_function", "call_method") and _is_collective(node.target)
+        for module in gm.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
 
 
 def compile_time_call(args: Sequence[Any]) -> bool:
@@ -169,8 +180,11 @@ def compile_time_call(args: Sequence[Any]) -> bool:
     DDPOptimizer runs each compiled piece once on fake tensors to compile the next)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    return (torch.compiler.is_compiling() or torch._guards.active_fake_mode() is not None
-            or any(isinstance(x, torch.Tensor) and is_fake(x) for x in args))
+    return (
+        torch.compiler.is_compiling()
+        or torch._guards.active_fake_mode() is not None
+        or any(isinstance(x, torch.Tensor) and is_fake(x) for x in args)
+    )
 
 
 def unsafe_to_time(gm: torch.fx.GraphModule, args: Sequence[Any]) -> str:
@@ -215,8 +229,9 @@ def _layout(out: Any) -> list[tuple[Any, ...]] | None:
     return layout if concrete else None
 
 
-def step_function(program: Program, inputs: Sequence[Any], training: bool,
-                  layouts: list[Any] | None = None) -> Callable[[], None]:
+def step_function(
+    program: Program, inputs: Sequence[Any], training: bool, layouts: list[Any] | None = None
+) -> Callable[[], None]:
     """One step of ``program``: the forward, and in training the gradients of every input
     that requires grad (parameters included) by ``torch.autograd.grad`` with compiled
     autograd off, so nothing accumulates into the user's ``.grad``. ``layouts`` (optional)
@@ -252,8 +267,13 @@ def _time(step: Callable[[], None], repeats: int) -> float:
     return statistics.median(times)
 
 
-def time_interleaved(steps: dict[str, Callable[[], None]], budget_s: float = 1.0, min_rounds: int = 5,
-                     max_rounds: int = 60, warmup: int = 2) -> dict[str, list[float]]:
+def time_interleaved(
+    steps: dict[str, Callable[[], None]],
+    budget_s: float = 1.0,
+    min_rounds: int = 5,
+    max_rounds: int = 60,
+    warmup: int = 2,
+) -> dict[str, list[float]]:
     """Per-round median step seconds of every program, in interleaved rounds.
 
     Each round runs every program ``repeats`` steps (enough for about a millisecond), in
@@ -269,7 +289,7 @@ def time_interleaved(steps: dict[str, Callable[[], None]], budget_s: float = 1.0
     start = time.perf_counter()
     r = 0
     while r < max_rounds and (r < min_rounds or time.perf_counter() - start < budget_s):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             rounds[name].append(_time(steps[name], repeats[name]))
         r += 1
@@ -283,9 +303,15 @@ def _quantile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin: float = 0.01,
-           peak_bytes: dict[str, int] | None = None, resident_bytes: int = 0,
-           memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
+def choose(
+    rounds: dict[str, list[float]],
+    baseline: str,
+    candidate: str,
+    margin: float = 0.01,
+    peak_bytes: dict[str, int] | None = None,
+    resident_bytes: int = 0,
+    memory_slack: tuple[float, int] = MEMORY_SLACK,
+) -> GuardResult:
     """Keep ``candidate`` only when it is faster than ``baseline`` beyond the noise and its
     peak memory (when measured: ``peak_bytes`` above the ``resident_bytes`` both hold) within
     ``memory_slack`` (a factor and bytes on top) of the baseline's."""
@@ -296,16 +322,37 @@ def choose(rounds: dict[str, list[float]], baseline: str, candidate: str, margin
     scale, slack = memory_slack
     lean = not peaks or peaks[candidate] + resident_bytes <= (peaks[baseline] + resident_bytes) * scale + slack
     kept = candidate if faster and lean else baseline
-    reason = ("faster beyond the noise" if faster and lean else
-              "more peak memory" if faster else
-              "not faster beyond the noise" if median < 1 else "slower")
-    return GuardResult(kept, {k: statistics.median(v) for k, v in rounds.items()}, median, p25, p75,
-                       len(ratios), reason=reason, peak_bytes=dict(peaks), resident_bytes=resident_bytes)
+    reason = (
+        "faster beyond the noise"
+        if faster and lean
+        else "more peak memory"
+        if faster
+        else "not faster beyond the noise"
+        if median < 1
+        else "slower"
+    )
+    return GuardResult(
+        kept,
+        {k: statistics.median(v) for k, v in rounds.items()},
+        median,
+        p25,
+        p75,
+        len(ratios),
+        reason=reason,
+        peak_bytes=dict(peaks),
+        resident_bytes=resident_bytes,
+    )
 
 
-def choose_among(rounds: dict[str, list[float]], baseline: str, candidates: Sequence[str], margin: float = 0.01,
-                 peak_bytes: dict[str, int] | None = None, resident_bytes: int = 0,
-                 memory_slack: tuple[float, int] = MEMORY_SLACK) -> GuardResult:
+def choose_among(
+    rounds: dict[str, list[float]],
+    baseline: str,
+    candidates: Sequence[str],
+    margin: float = 0.01,
+    peak_bytes: dict[str, int] | None = None,
+    resident_bytes: int = 0,
+    memory_slack: tuple[float, int] = MEMORY_SLACK,
+) -> GuardResult:
     """:func:`choose` for each of ``candidates`` against ``baseline``: the fastest candidate
     that passes (lowest median ratio), or, when none does, the verdict on the first."""
     results = [choose(rounds, baseline, c, margin, peak_bytes, resident_bytes, memory_slack) for c in candidates]
@@ -315,8 +362,11 @@ def choose_among(rounds: dict[str, list[float]], baseline: str, candidates: Sequ
 
 def resident_bytes(inputs: Sequence[Any]) -> int:
     """Bytes of the storages of the tensors in ``inputs``, each storage once."""
-    storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
-                for x in inputs if isinstance(x, torch.Tensor) and x.layout == torch.strided}
+    storages = {
+        x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
+        for x in inputs
+        if isinstance(x, torch.Tensor) and x.layout == torch.strided
+    }
     return sum(storages.values())
 
 
@@ -334,8 +384,7 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     current = peak = 0
     for _, nbytes in events:
         current += nbytes
@@ -378,11 +427,18 @@ class FirstCallChoice:
     predicted it faster; ``run_at_compile_time`` (optional) runs a program on such a call
     (a program behind a parameter cache must not pack fake parameters)."""
 
-    def __init__(self, programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule, budget_s: float,
-                 on_result: Callable[[GuardResult | Exception], None], baseline: str = "original",
-                 candidate: str = "optimized", rewritten: Callable[[bool], bool] | None = None,
-                 memory_slack: tuple[float, int] = MEMORY_SLACK,
-                 run_at_compile_time: Callable[[Program, Sequence[Any]], Any] | None = None):
+    def __init__(
+        self,
+        programs: dict[str, Program | Deferred],
+        gm: torch.fx.GraphModule,
+        budget_s: float,
+        on_result: Callable[[GuardResult | Exception], None],
+        baseline: str = "original",
+        candidate: str = "optimized",
+        rewritten: Callable[[bool], bool] | None = None,
+        memory_slack: tuple[float, int] = MEMORY_SLACK,
+        run_at_compile_time: Callable[[Program, Sequence[Any]], Any] | None = None,
+    ):
         self.programs, self.gm, self.budget_s, self.on_result = programs, gm, budget_s, on_result
         self.baseline, self.candidate, self.rewritten = baseline, candidate, rewritten
         self.memory_slack = memory_slack
@@ -416,17 +472,35 @@ class FirstCallChoice:
         try:
             why = unsafe_to_time(self.gm, args)
             if why:
-                result = GuardResult(self.candidate, {}, 1.0, 1.0, 1.0, 0,
-                                     reason=f"cannot time here: {why}; kept {self.candidate} as the optimizer "
-                                            f"predicted it faster")
+                result = GuardResult(
+                    self.candidate,
+                    {},
+                    1.0,
+                    1.0,
+                    1.0,
+                    0,
+                    reason=f"cannot time here: {why}; kept {self.candidate} as the optimizer predicted it faster",
+                )
                 log.info("optimus_eqsat: %s", result.reason)
             else:
-                result = measure_and_choose(self.programs, self.gm, args, training, self.baseline, self.candidate,
-                                            budget_s=self.budget_s, rewritten=self.rewritten,
-                                            memory_slack=self.memory_slack, layout=self.layout)
+                result = measure_and_choose(
+                    self.programs,
+                    self.gm,
+                    args,
+                    training,
+                    self.baseline,
+                    self.candidate,
+                    budget_s=self.budget_s,
+                    rewritten=self.rewritten,
+                    memory_slack=self.memory_slack,
+                    layout=self.layout,
+                )
         except Exception as exc:  # never fail the user's step over a measurement
-            log.warning("optimus_eqsat: could not time the programs (%s: %s); keeping the original",
-                        type(exc).__name__, str(exc).strip().splitlines()[:1])
+            log.warning(
+                "optimus_eqsat: could not time the programs (%s: %s); keeping the original",
+                type(exc).__name__,
+                str(exc).strip().splitlines()[:1],
+            )
             self.on_result(exc)
             kept = self.baseline if self.layout is None else self.candidate  # (later pieces expect its layout)
             if isinstance(self.programs[kept], Deferred):
@@ -435,20 +509,28 @@ class FirstCallChoice:
                 except Exception as again:
                     if kept == self.candidate:
                         raise
-                    log.warning("optimus_eqsat: could not compile the original (%s); keeping the optimized",
-                                first_line(again))
+                    log.warning(
+                        "optimus_eqsat: could not compile the original (%s); keeping the optimized", first_line(again)
+                    )
                     return self.candidate
             return kept
         self.on_result(result)
         return result.kept
 
 
-def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.GraphModule,
-                       example_inputs: Sequence[Any], training: bool, baseline: str = "original",
-                       candidate: str = "optimized", budget_s: float = 1.0, margin: float = 0.01,
-                       rewritten: Callable[[bool], bool] | None = None,
-                       memory_slack: tuple[float, int] = MEMORY_SLACK,
-                       layout: list[Any] | None = None) -> GuardResult:
+def measure_and_choose(
+    programs: dict[str, Program | Deferred],
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    training: bool,
+    baseline: str = "original",
+    candidate: str = "optimized",
+    budget_s: float = 1.0,
+    margin: float = 0.01,
+    rewritten: Callable[[bool], bool] | None = None,
+    memory_slack: tuple[float, int] = MEMORY_SLACK,
+    layout: list[Any] | None = None,
+) -> GuardResult:
     """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
     choose between ``baseline`` and ``candidate``; any further program in ``programs`` is a
     fallback, compiled and timed only when ``candidate`` is not kept (the fastest of them
@@ -477,26 +559,41 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
             step_function(programs[candidate], inputs, training)()
             if not rewritten(training):
                 # (no timing_s: that step was mostly the backward's compile, which any compile pays)
-                return GuardResult(candidate, {}, 1.0, 1.0, 1.0, 0,
-                                   reason=f"{NOTHING_TO_TIME} (the program is the original, or it with bool masks "
-                                          "recomputed), compiled once")
+                return GuardResult(
+                    candidate,
+                    {},
+                    1.0,
+                    1.0,
+                    1.0,
+                    0,
+                    reason=f"{NOTHING_TO_TIME} (the program is the original, or it with bool masks "
+                    "recomputed), compiled once",
+                )
         layouts: dict[str, list[Any]] = {}
-        rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s,
-                                       layouts)
+        rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s, layouts)
         result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
-        fallbacks = [name for name, p in programs.items() if name not in (baseline, candidate)
-                     and (not isinstance(p, Deferred) or p.wanted())]
+        fallbacks = [
+            name
+            for name, p in programs.items()
+            if name not in (baseline, candidate) and (not isinstance(p, Deferred) or p.wanted())
+        ]
         if result.kept == baseline and fallbacks:
-            more, more_peaks = _time_programs(programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s,
-                                              layouts)
+            more, more_peaks = _time_programs(
+                programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s, layouts
+            )
             second = choose_among(more, baseline, fallbacks, margin, more_peaks, resident_bytes(inputs), memory_slack)
             # every program's time and peak in the report (the baseline's from the first rounds)
             step_s = {**second.step_s, **result.step_s}
             result = second if second.kept != baseline else result
             result.step_s, result.peak_bytes = step_s, {**more_peaks, **peaks}
         if layout is not None and result.kept != candidate and layouts.get(result.kept) != [layout]:
-            result.kept, result.reason = candidate, (f"{result.reason}, but {result.kept}'s outputs are laid out "
-                                                     f"otherwise than the programs compiled after it expect")
+            result.kept, result.reason = (
+                candidate,
+                (
+                    f"{result.reason}, but {result.kept}'s outputs are laid out "
+                    f"otherwise than the programs compiled after it expect"
+                ),
+            )
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
@@ -507,9 +604,15 @@ def measure_and_choose(programs: dict[str, Program | Deferred], gm: torch.fx.Gra
     return result
 
 
-def _time_programs(programs: dict[str, Program | Deferred], names: Sequence[str], inputs: Sequence[Any],
-                   training: bool, budget_s: float, compile_s: dict[str, float],
-                   layouts: dict[str, list[Any]] | None = None) -> tuple[dict[str, list[float]], dict[str, int]]:
+def _time_programs(
+    programs: dict[str, Program | Deferred],
+    names: Sequence[str],
+    inputs: Sequence[Any],
+    training: bool,
+    budget_s: float,
+    compile_s: dict[str, float],
+    layouts: dict[str, list[Any]] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Interleaved rounds and step peaks of ``programs[names]``, compiling any still
     :class:`Deferred` (its compile time goes to ``compile_s``); ``layouts`` (optional)
     receives each program's output layout."""
@@ -521,8 +624,9 @@ def _time_programs(programs: dict[str, Program | Deferred], names: Sequence[str]
     steps = {name: step_function(programs[name], inputs, training, seen[name]) for name in names}
     rounds = time_interleaved(steps, budget_s=budget_s)
     on_cuda = _on_cuda(inputs)
-    peaks = {name: step_peak_bytes(step, on_cuda) + getattr(programs[name], "held_bytes", 0)
-             for name, step in steps.items()}
+    peaks = {
+        name: step_peak_bytes(step, on_cuda) + getattr(programs[name], "held_bytes", 0) for name, step in steps.items()
+    }
     if layouts is not None:
         layouts.update(seen)
     return rounds, peaks

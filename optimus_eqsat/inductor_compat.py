@@ -31,8 +31,14 @@ import torch
 
 from optimus_eqsat.fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
 
-__all__ = ["split_attention_key_permutes", "is_dynamo_signal", "first_line", "INDUCTOR_PATCHES",
-           "inductor_patches", "turn_off_inplace_buffers"]
+__all__ = [
+    "split_attention_key_permutes",
+    "is_dynamo_signal",
+    "first_line",
+    "INDUCTOR_PATCHES",
+    "inductor_patches",
+    "turn_off_inplace_buffers",
+]
 
 #: Inductor config for the programs we compile (see the module docstring).
 INDUCTOR_PATCHES: dict[str, object] = {"inplace_buffers": False}

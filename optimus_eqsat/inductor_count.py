@@ -74,7 +74,7 @@ def _call_body(code: str) -> str | None:
         return None
     indent = len(match.group(1) or match.group(2) or "")
     lines = []
-    for line in code[match.end():].splitlines():
+    for line in code[match.end() :].splitlines():
         stripped = line.strip()
         if stripped and len(line) - len(line.lstrip()) <= indent:
             break
@@ -89,9 +89,7 @@ def count_kernels_in_code(code: str) -> tuple[int, int]:
     if body is None:
         return len(names), len(_EXTERN_CALL.findall(code))
     # Count launches, not definitions: a kernel called twice launches twice.
-    generated = sum(
-        len(re.findall(rf"\b{re.escape(name)}(?:\.run)?\(", body)) for name in names
-    )
+    generated = sum(len(re.findall(rf"\b{re.escape(name)}(?:\.run)?\(", body)) for name in names)
     code_lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("#")]
     text = "\n".join(code_lines)
     extern = len(_EXTERN_CALL.findall(text)) + len(_ATEN_CALL.findall(text)) + len(_CUSTOM_OP_CALL.findall(text))
@@ -186,8 +184,9 @@ def count_inductor_kernels(
     return InductorKernelCount(generated=generated, extern=extern, code=list(codes))
 
 
-def _capture(model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor,
-             fullgraph: bool) -> list[tuple[torch.fx.GraphModule, list]]:
+def _capture(
+    model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor, fullgraph: bool
+) -> list[tuple[torch.fx.GraphModule, list]]:
     """(graph, example inputs) for every graph Dynamo hands to the backend, under no_grad."""
     captured: list[tuple[torch.fx.GraphModule, list]] = []
 
@@ -205,14 +204,17 @@ def _capture(model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor
     return captured
 
 
-def capture_dynamo_graphs(model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor) -> list[torch.fx.GraphModule]:
+def capture_dynamo_graphs(
+    model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor
+) -> list[torch.fx.GraphModule]:
     """The FX graphs Dynamo hands to the backend (what Inductor compiles),
     shapes in ``node.meta["example_value"]``; more than one on graph breaks."""
     return [gm for gm, _ in _capture(model_or_fn, example_inputs, fullgraph=False)]
 
 
-def capture_dynamo_graph(model_or_fn: Callable,
-                         example_inputs: Sequence[Any] | torch.Tensor) -> tuple[torch.fx.GraphModule, list]:
+def capture_dynamo_graph(
+    model_or_fn: Callable, example_inputs: Sequence[Any] | torch.Tensor
+) -> tuple[torch.fx.GraphModule, list]:
     """Dynamo's one graph of the forward (``fullgraph=True``, no_grad) and the example
     inputs it was given: parameters lifted to inputs arrive as ``nn.Parameter``."""
     ((gm, inputs),) = _capture(model_or_fn, example_inputs, fullgraph=True)

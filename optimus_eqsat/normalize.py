@@ -172,8 +172,11 @@ def h_aten_slice(ctx: Context, a: dict[str, Any]) -> Term:
     dim = _dim(a["dim"], len(shape))
     if a["step"] != 1:
         raise Unsupported("slice step")
-    if shape[dim] < 0 and a["start"] in (None, 0) and (a["end"] is None or (isinstance(a["end"], int)
-                                                                             and a["end"] >= 2**62)):
+    if (
+        shape[dim] < 0
+        and a["start"] in (None, 0)
+        and (a["end"] is None or (isinstance(a["end"], int) and a["end"] >= 2**62))
+    ):
         return ctx.ref(a["input"])  # the whole of a symbolic dim (aten's x[:, ...])
     start, stop = _clamp_range(a["start"], a["end"], _concrete(shape[dim], "slice"))
     return Slice(ctx.ref(a["input"]), dim, start, stop)
@@ -346,8 +349,13 @@ _ARITH = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"}
 _REVERSED = {"radd": "add", "rmul": "mul", "rsub": "rsub", "rdiv": "rdiv", "rpow": "rpow"}
 _COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
 _ARITH_TARGETS = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
-    "maximum": torch.maximum, "minimum": torch.minimum,
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
 }
 _SCALAR_TARGETS = {**_ARITH_TARGETS, "rsub": torch.rsub}
 
@@ -389,26 +397,112 @@ def h_arith(name: str) -> Handler:
 
 # Elementwise ops of one tensor (any extra args are constants in the key).
 ELEMENTWISE_UNARY = {
-    "relu", "relu6", "tanh", "sigmoid", "gelu", "silu", "exp", "log", "log1p", "expm1", "neg", "abs",
-    "sqrt", "rsqrt", "reciprocal", "sin", "cos", "square", "clamp", "clamp_min", "clamp_max",
-    "nan_to_num", "detach", "hardtanh", "leaky_relu", "elu", "selu", "softplus", "mish", "hardswish",
-    "hardsigmoid", "erf", "sign", "floor", "ceil", "round", "trunc", "logical_not", "to", "float",
-    "half", "bfloat16", "double", "int", "long", "bool", "type", "clone", "logit",
+    "relu",
+    "relu6",
+    "tanh",
+    "sigmoid",
+    "gelu",
+    "silu",
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "neg",
+    "abs",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "sin",
+    "cos",
+    "square",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "nan_to_num",
+    "detach",
+    "hardtanh",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "softplus",
+    "mish",
+    "hardswish",
+    "hardsigmoid",
+    "erf",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "trunc",
+    "logical_not",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "double",
+    "int",
+    "long",
+    "bool",
+    "type",
+    "clone",
+    "logit",
 }
 # Elementwise ops of several tensors.
-ELEMENTWISE_MULTI = {"where", "lerp", "addcmul", "addcdiv", "masked_fill", "eq", "ne", "lt", "le", "gt", "ge",
-                     "logical_and", "logical_or", "bitwise_and", "bitwise_or",
-                     # backward graphs (AOTAutograd without Inductor's decompositions), prims.fma
-                     "threshold_backward", "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward",
-                     "fma"}
+ELEMENTWISE_MULTI = {
+    "where",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "masked_fill",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "bitwise_and",
+    "bitwise_or",
+    # backward graphs (AOTAutograd without Inductor's decompositions), prims.fma
+    "threshold_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "gelu_backward",
+    "silu_backward",
+    "fma",
+}
 # Other pure, deterministic ops, with their cost-model kind (the vocabulary's;
 # opspec's kind strings are KernelKind values).
-GENERIC_KINDS = {name: OP_KINDS[name].value for name in (
-    "softmax", "log_softmax", "sum", "mean", "amax", "amin", "var", "std", "norm",
-    "layer_norm", "logsumexp", "cumsum", "prod", "argmax", "argmin", "rms_norm",
-    "matmul", "mm", "bmm", "linear", "baddbmm",
-    "embedding", "index_select", "gather",
-)}
+GENERIC_KINDS = {
+    name: OP_KINDS[name].value
+    for name in (
+        "softmax",
+        "log_softmax",
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "var",
+        "std",
+        "norm",
+        "layer_norm",
+        "logsumexp",
+        "cumsum",
+        "prod",
+        "argmax",
+        "argmin",
+        "rms_norm",
+        "matmul",
+        "mm",
+        "bmm",
+        "linear",
+        "baddbmm",
+        "embedding",
+        "index_select",
+        "gather",
+    )
+}
 
 
 def h_generic(kind: str, elementwise: bool = False) -> Handler:
@@ -448,9 +542,11 @@ def _transpose_of(value: Any) -> torch.fx.Node | None:
     name, rest = canonical_name(value), value.args[1:]
     if name == "permute" and len(rest) == 1 and isinstance(rest[0], (list, tuple)):
         rest = tuple(rest[0])
-    swap = (name == "t" and not rest and not value.kwargs) or \
-        (name == "permute" and tuple(rest) == (1, 0)) or \
-        (name == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1})
+    swap = (
+        (name == "t" and not rest and not value.kwargs)
+        or (name == "permute" and tuple(rest) == (1, 0))
+        or (name == "transpose" and len(rest) == 2 and {d % 2 for d in rest if isinstance(d, int)} == {0, 1})
+    )
     return value.args[0] if swap else None
 
 
@@ -529,8 +625,11 @@ for _name in sorted(EXPAND_OPS):
     HANDLERS[_name] = ([], {}, h_expand)
 HANDLERS["permute"] = ([], {}, h_permute)
 for _name in _ARITH | set(_REVERSED):
-    HANDLERS[_name] = ([_X, "other|exponent", "alpha", "rounding_mode"], {"alpha": 1, "rounding_mode": None},
-                       h_arith(_name))
+    HANDLERS[_name] = (
+        [_X, "other|exponent", "alpha", "rounding_mode"],
+        {"alpha": 1, "rounding_mode": None},
+        h_arith(_name),
+    )
 for _name in ELEMENTWISE_UNARY:
     HANDLERS.setdefault(_name, ([], {}, h_generic(POINTWISE, elementwise=True)))
 for _name in ELEMENTWISE_MULTI:
@@ -544,6 +643,7 @@ for _name in TUPLE_OPS:  # items read by getitem users: one term per item
 # call_module nodes of symbolic_trace graphs become the functional op, with the
 # module's parameters as leaves: module type -> (op name, functional target,
 # parameter names read, constant kwargs taken from the module).
+
 
 def _embedding_constants(m: nn.Embedding) -> dict[str, Any]:
     """An nn.Embedding's flags as F.embedding kwargs (those that change the gradient kept).
@@ -567,8 +667,12 @@ MODULE_OPS: dict[type, tuple[str, Any, tuple[str, ...], Callable[[nn.Module], di
     nn.Sigmoid: ("sigmoid", torch.sigmoid, (), lambda m: {}),
     nn.SiLU: ("silu", F.silu, (), lambda m: {}),
     nn.GELU: ("gelu", F.gelu, (), lambda m: {"approximate": m.approximate}),
-    nn.LayerNorm: ("layer_norm", F.layer_norm, ("weight", "bias"),
-                   lambda m: {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps}),
+    nn.LayerNorm: (
+        "layer_norm",
+        F.layer_norm,
+        ("weight", "bias"),
+        lambda m: {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps},
+    ),
     nn.Embedding: ("embedding", F.embedding, ("weight",), lambda m: _embedding_constants(m)),
     nn.Softmax: ("softmax", F.softmax, (), lambda m: {"dim": m.dim}),
     nn.Identity: ("identity", None, (), lambda m: {}),

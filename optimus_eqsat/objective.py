@@ -61,13 +61,23 @@ class Objective:
         return "training" if self.training else "inference"
 
     @classmethod
-    def resolve(cls, profile: Any, mode: str, gm: torch.fx.GraphModule,
-                example_inputs: Sequence[Any] | None, cached_parameters: bool = False) -> Objective:
+    def resolve(
+        cls,
+        profile: Any,
+        mode: str,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any] | None,
+        cached_parameters: bool = False,
+    ) -> Objective:
         """The objective for ``gm`` under the ``profile``, ``mode`` and ``cached_parameters`` options."""
         name = profile_for_inputs(example_inputs) if isinstance(profile, str) and profile == "auto" else profile
         training = training_mode(gm, example_inputs) if mode == "auto" else mode == "training"
-        return cls(get_profile(name), training, frozen=not training and freezing_enabled(),
-                   cached=not training and cached_parameters)
+        return cls(
+            get_profile(name),
+            training,
+            frozen=not training and freezing_enabled(),
+            cached=not training and cached_parameters,
+        )
 
 
 def predict(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None, objective: Objective) -> tuple[int, float]:

@@ -150,7 +150,9 @@ class OptimizeOptions:
         for f in fields(self):
             value, kind = getattr(self, f.name), f.type  # (a string: annotations are postponed)
             if kind in ("int", "float", "int | None"):
-                if (value is None and kind == "int | None") or (isinstance(value, Real) and not isinstance(value, bool)):
+                if (value is None and kind == "int | None") or (
+                    isinstance(value, Real) and not isinstance(value, bool)
+                ):
                     continue
                 raise ValueError(f"{f.name} must be a number, got {value!r}")
             if kind == "bool" and not isinstance(value, bool):

@@ -43,8 +43,9 @@ def own_sliced_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
     if len(before) != len(after):
         return []
     # (in output order, not a set's: the program's code, and so every cache key, stays the same)
-    chosen = [new for old, new in zip(before, after)
-              if new is not None and _slices_an_intermediate(new) and not _is_view(old)]
+    chosen = [
+        new for old, new in zip(before, after) if new is not None and _slices_an_intermediate(new) and not _is_view(old)
+    ]
     return _replace_outputs(optimized, chosen, _clone)
 
 
@@ -57,8 +58,11 @@ def contiguous_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
     before, after = graph_outputs(original), graph_outputs(optimized)
     if len(before) != len(after):
         return []
-    chosen = [new for old, new in zip(before, after)
-              if new is not None and old is not None and _contiguous(old) is True and _contiguous(new) is False]
+    chosen = [
+        new
+        for old, new in zip(before, after)
+        if new is not None and old is not None and _contiguous(old) is True and _contiguous(new) is False
+    ]
     return _replace_outputs(optimized, chosen, lambda graph, node: graph.call_method("contiguous", (node,)))
 
 
@@ -69,8 +73,9 @@ def _clone(graph: fx.Graph, node: fx.Node) -> fx.Node:
     return copy
 
 
-def _replace_outputs(optimized: fx.GraphModule, chosen: Iterable[fx.Node],
-                     make: Callable[[fx.Graph, fx.Node], fx.Node]) -> list[str]:
+def _replace_outputs(
+    optimized: fx.GraphModule, chosen: Iterable[fx.Node], make: Callable[[fx.Graph, fx.Node], fx.Node]
+) -> list[str]:
     """Return ``make(graph, node)`` in place of each ``chosen`` output of ``optimized``; the
     names of the nodes replaced."""
     chosen = list(dict.fromkeys(chosen))
@@ -82,8 +87,9 @@ def _replace_outputs(optimized: fx.GraphModule, chosen: Iterable[fx.Node],
     for node in chosen:
         with graph.inserting_before(output):
             copies[node] = make(graph, node)
-    output.args = tuple(fx.node.map_aggregate(a, lambda v: copies.get(v, v) if isinstance(v, fx.Node) else v)
-                        for a in output.args)
+    output.args = tuple(
+        fx.node.map_aggregate(a, lambda v: copies.get(v, v) if isinstance(v, fx.Node) else v) for a in output.args
+    )
     optimized.recompile()
     return sorted(node.name for node in chosen)
 
@@ -118,8 +124,12 @@ def _slices_an_intermediate(node: fx.Node) -> bool:
     elif canonical_name(node) not in SLICING_OPS:
         return False
     # through views to the tensor the slice reads: an input's memory is the caller's
-    while isinstance(base, fx.Node) and base.op in ("call_function", "call_method") \
-            and canonical_name(base) in ALIASING_OPS and base.args:
+    while (
+        isinstance(base, fx.Node)
+        and base.op in ("call_function", "call_method")
+        and canonical_name(base) in ALIASING_OPS
+        and base.args
+    ):
         base = base.args[0]
     return isinstance(base, fx.Node) and base.op in ("call_function", "call_method", "call_module")
 

@@ -94,12 +94,18 @@ def _packable_params(members: list[fx.Node], values: dict[fx.Node, Any]) -> bool
     first = tensors[0]
     align = 1 if first.device.type == "cpu" else _ALIGN
     return len(set(members)) == len(members) and all(
-        t.dtype == first.dtype and t.device == first.device and t.is_contiguous()
-        and t.nbytes % align == 0 and t.nbytes > 0 for t in tensors)
+        t.dtype == first.dtype
+        and t.device == first.device
+        and t.is_contiguous()
+        and t.nbytes % align == 0
+        and t.nbytes > 0
+        for t in tensors
+    )
 
 
-def packable_work(gm: fx.GraphModule, example_inputs: Sequence[Any],
-                  values: dict[fx.Node, Any] | None = None) -> PackableWork:
+def packable_work(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], values: dict[fx.Node, Any] | None = None
+) -> PackableWork:
     """The stacks and cats along dim 0 of whole, lifted parameters (placeholders whose example
     is an ``nn.Parameter``), each parameter in one at most, with the parameters and the views
     computed from them alone. ``values``: :func:`parameter_values` of ``gm`` when known."""
@@ -121,8 +127,7 @@ def packable_work(gm: fx.GraphModule, example_inputs: Sequence[Any],
             nodes.add(node)
         elif name in ("stack", "cat") and _dim0(node) and isinstance(node.args[0], (list, tuple)):
             members = [_whole_parameter(m, params) if isinstance(m, fx.Node) else None for m in node.args[0]]
-            if members and None not in members and not claimed & set(members) \
-                    and _packable_params(members, values):
+            if members and None not in members and not claimed & set(members) and _packable_params(members, values):
                 claimed.update(members)
                 packs.append(Pack(node, members))
                 nodes.add(node)
@@ -246,8 +251,7 @@ class _PackedPrologue(fx.Interpreter):
     """The prologue, with each pack's stack read where its parameters lie when they are packed
     (a view of their storage) instead of copied."""
 
-    def __init__(self, prologue: fx.GraphModule, packs: list[tuple[int, list[int]]],
-                 params: tuple[torch.Tensor, ...]):
+    def __init__(self, prologue: fx.GraphModule, packs: list[tuple[int, list[int]]], params: tuple[torch.Tensor, ...]):
         super().__init__(prologue)
         outputs = next(n for n in reversed(prologue.graph.nodes) if n.op == "output").args[0]
         self.members = {outputs[index]: [params[i] for i in members] for index, members in packs}
@@ -286,7 +290,7 @@ class CachedParameterWork:
             if list(map(_DATA_PTR, params)) == self._ptrs or self._refresh(params):
                 return self.main(*self._values, *args)
         self.runs += 1
-        return self.main(*self.prologue(*params)[:self.n_values], *args)
+        return self.main(*self.prologue(*params)[: self.n_values], *args)
 
     def _refresh(self, params: tuple[torch.Tensor, ...]) -> bool:
         """Run the prologue (on the first run packing the parameters into their stacks) and
@@ -307,7 +311,7 @@ class CachedParameterWork:
                 self.live = False
                 return False
             outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)  # views of their storage
-        self._values, self._params = tuple(outs[:self.n_values]), params
+        self._values, self._params = tuple(outs[: self.n_values]), params
         self._ptrs = list(map(_DATA_PTR, params))
         self.runs += 1
         return True
@@ -326,7 +330,7 @@ class CachedParameterWork:
             return False
         offset = 0
         for p in group:
-            p.data = flat[offset:offset + p.numel()].view(p.shape)
+            p.data = flat[offset : offset + p.numel()].view(p.shape)
             offset += p.numel()
         return True
 

@@ -78,21 +78,42 @@ def _program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
     from torch._inductor import config as inductor_config
 
     inputs = [_value_signature(x) for x in example_inputs] if example_inputs is not None else None
-    placeholders = [_value_signature(n.meta.get("val", n.meta.get("example_value")))
-                    for n in gm.graph.nodes if n.op == "placeholder"]
-    tensors = [(name, _value_signature(t)) for name, t in
-               [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]]
-    constants = sorted((name, _value_signature(v)) for name, v in gm.__dict__.items()
-                       if isinstance(v, torch.Tensor))
+    placeholders = [
+        _value_signature(n.meta.get("val", n.meta.get("example_value")))
+        for n in gm.graph.nodes
+        if n.op == "placeholder"
+    ]
+    tensors = [
+        (name, _value_signature(t))
+        for name, t in [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
+    ]
+    constants = sorted((name, _value_signature(v)) for name, v in gm.__dict__.items() if isinstance(v, torch.Tensor))
     # (a module's repr leaves out its training flag, which a call_module batch norm or dropout reads)
-    modules = [(name, type(m).__qualname__, m.training, m.code if isinstance(m, torch.fx.GraphModule) else repr(m))
-               for name, m in gm.named_modules()]
+    modules = [
+        (name, type(m).__qualname__, m.training, m.code if isinstance(m, torch.fx.GraphModule) else repr(m))
+        for name, m in gm.named_modules()
+    ]
     option_values = [(f.name, getattr(options, f.name)) for f in fields(options) if f.name != "persistent_cache"]
     rule_files = [open(path, "rb").read() for path in options.rule_files]
-    modes = (torch.is_grad_enabled(), torch.is_autocast_enabled(), bool(inductor_config.freezing),
-             bool(inductor_config.fallback_random))
-    return digest(code_fingerprint(), gm.code, inputs, placeholders, tensors, constants, modules, option_values,
-                  rule_files, modes, _device_profiles())
+    modes = (
+        torch.is_grad_enabled(),
+        torch.is_autocast_enabled(),
+        bool(inductor_config.freezing),
+        bool(inductor_config.fallback_random),
+    )
+    return digest(
+        code_fingerprint(),
+        gm.code,
+        inputs,
+        placeholders,
+        tensors,
+        constants,
+        modules,
+        option_values,
+        rule_files,
+        modes,
+        _device_profiles(),
+    )
 
 
 def _device_profiles() -> tuple[Any, ...]:
@@ -111,8 +132,16 @@ def _value_signature(value: Any) -> Any:
     if symbolic_value(value) or isinstance(value, (torch.SymFloat, torch.SymBool)):
         raise _NotKeyable("symbolic sizes")
     if isinstance(value, torch.Tensor):
-        return (type(value).__name__, tuple(value.shape), value.stride(), value.storage_offset(), str(value.dtype),
-                str(value.device), value.requires_grad, isinstance(value, torch.nn.Parameter))
+        return (
+            type(value).__name__,
+            tuple(value.shape),
+            value.stride(),
+            value.storage_offset(),
+            str(value.dtype),
+            str(value.device),
+            value.requires_grad,
+            isinstance(value, torch.nn.Parameter),
+        )
     if isinstance(value, (list, tuple)):
         return type(value).__name__, [_value_signature(v) for v in value]
     if isinstance(value, (torch.dtype, torch.device)):
@@ -120,8 +149,9 @@ def _value_signature(value: Any) -> Any:
     raise _NotKeyable(f"an input of type {type(value).__name__}")
 
 
-def load_program(key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
-                 ) -> torch.fx.GraphModule | None:
+def load_program(
+    key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
+) -> torch.fx.GraphModule | None:
     """The stored result for ``key`` rebuilt over ``gm``'s parameters, its report marked as
     read from the cache; None on a miss or when it cannot be restored (logged)."""
     start = time.perf_counter()
@@ -140,8 +170,9 @@ def load_program(key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[An
     return result
 
 
-def store_program(key: str, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, report: OptimizeReport,
-                  wants_meta: bool) -> bool:
+def store_program(
+    key: str, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, report: OptimizeReport, wants_meta: bool
+) -> bool:
     """Store ``result`` (of optimizing ``gm``) under ``key``; not a fallback for an error. A run
     the time limit cut is stored: a restart then compiles the same program without
     optimizing again (``optimus-eqsat cache --clear`` lets a later run try for more)."""
@@ -164,8 +195,7 @@ def _decided_by_the_model(report: OptimizeReport) -> bool:
     return reason.startswith(("predicted", "declined", "time limit"))
 
 
-def _describe(stored: StoredProgram, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, wants_meta: bool
-              ) -> None:
+def _describe(stored: StoredProgram, gm: torch.fx.GraphModule, result: torch.fx.GraphModule, wants_meta: bool) -> None:
     """Fill ``stored`` with ``result``'s graph, attributes and meta (raises when an attribute
     of the result is not one of ``gm``'s: it could not be restored)."""
     names_in_input = _attribute_names(gm)
@@ -222,12 +252,21 @@ def _picklable_target(target: Any) -> Any:
 def _pickled_nodes(graph: torch.fx.Graph) -> bytes:
     """The graph as a flat list (pickling a Graph recurses along its linked list of nodes and
     overflows the stack at a few hundred nodes) with its code generator."""
+
     def ref(node: torch.fx.Node) -> Any:
         return _NodeRef(node.name)
 
-    rows = [(n.op, n.name, _picklable_target(n.target) if n.op == "call_function" else n.target,
-             torch.fx.node.map_arg(n.args, ref), torch.fx.node.map_arg(n.kwargs, ref), n.type)
-            for n in graph.nodes]
+    rows = [
+        (
+            n.op,
+            n.name,
+            _picklable_target(n.target) if n.op == "call_function" else n.target,
+            torch.fx.node.map_arg(n.args, ref),
+            torch.fx.node.map_arg(n.kwargs, ref),
+            n.type,
+        )
+        for n in graph.nodes
+    ]
     return pickle.dumps((rows, graph._codegen), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -249,8 +288,9 @@ def _unpickled_graph(data: bytes) -> torch.fx.Graph:
     return graph
 
 
-def _restore(stored: StoredProgram, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
-             ) -> torch.fx.GraphModule:
+def _restore(
+    stored: StoredProgram, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None
+) -> torch.fx.GraphModule:
     from optimus_eqsat.rebuild import propagate_meta
 
     graph = _unpickled_graph(stored.nodes)
@@ -315,8 +355,12 @@ def load_decision(key: str | None) -> StoredDecision | None:
     stored = DECISIONS.get(key) if key is not None else None
     if stored is None:
         return None
-    earlier = replace(stored.measured, compile_s={}, timing_s=0.0,
-                      reason=f"{stored.measured.reason}; an earlier run's measurement, cached")
+    earlier = replace(
+        stored.measured,
+        compile_s={},
+        timing_s=0.0,
+        reason=f"{stored.measured.reason}; an earlier run's measurement, cached",
+    )
     return StoredDecision(stored.kept, earlier)
 
 

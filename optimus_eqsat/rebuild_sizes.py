@@ -36,8 +36,12 @@ class SizeWriter:
     ``call(op, target, args)``: adds a freshly named node.
     """
 
-    def __init__(self, symbols: SymbolicSizes, placeholder: Callable[[torch.fx.Node], torch.fx.Node],
-                 call: Callable[[str, Any, tuple], torch.fx.Node]):
+    def __init__(
+        self,
+        symbols: SymbolicSizes,
+        placeholder: Callable[[torch.fx.Node], torch.fx.Node],
+        call: Callable[[str, Any, tuple], torch.fx.Node],
+    ):
         self.symbols, self.placeholder, self.call = symbols, placeholder, call
         self.written: dict[sympy.Expr, Size] = {}
 

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from optimus_eqsat.api import OptimizationRun
 
 
-def _relist(run: OptimizationRun, policy: BatchRefine, result: torch.fx.GraphModule, launches: int,
-            seconds: float) -> tuple[torch.fx.GraphModule, int, float]:
+def _relist(
+    run: OptimizationRun, policy: BatchRefine, result: torch.fx.GraphModule, launches: int, seconds: float
+) -> tuple[torch.fx.GraphModule, int, float]:
     """Re-extract with list cells priced by the lists the extraction chose
     (``egraph_cost.reprice_cells``); keep it when the fusion-aware model says it is
     faster. Returns the kept program (built cheaply), its launches and seconds."""
@@ -50,8 +51,9 @@ def _restore(run: OptimizationRun, state: tuple) -> None:
     run.report.record_extraction(run.extraction)  # the report describes the kept extraction, not the last variant
 
 
-def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int,
-               seconds: float) -> tuple[torch.fx.GraphModule | None, int, float]:
+def refine_run(
+    run: OptimizationRun, result: torch.fx.GraphModule, launches: int, seconds: float
+) -> tuple[torch.fx.GraphModule | None, int, float]:
     """Refine a run's extraction in place: drop the batch kinds that do not pay.
 
     ``result`` is the cheap build (no fake-tensor meta) of ``run.extraction`` and
@@ -68,8 +70,13 @@ def refine_run(run: OptimizationRun, result: torch.fx.GraphModule, launches: int
         run.extract(graph=policy.without(dropped, main_graph), extractor="greedy")
         return _state(run), run.build(meta=False)
 
-    best = policy.run(run.extraction.choice, Variant((), launches, seconds), run.report, build_variant,
-                      lambda gm: predict(gm, run.example_inputs, run.objective))
+    best = policy.run(
+        run.extraction.choice,
+        Variant((), launches, seconds),
+        run.report,
+        build_variant,
+        lambda gm: predict(gm, run.example_inputs, run.objective),
+    )
     if best is None:  # nothing to drop, or no time for a variant
         return result, launches, seconds
     _restore(run, first if best.kept is None else best.kept)

@@ -89,8 +89,7 @@ class OptimizeReport:
     def changed(self) -> bool:
         """Whether the result is predicted to run differently from the original (a program
         predicted alike compiles to the same kernels: the backend then compiles the original)."""
-        return not self.fell_back and (self.launches_after, self.cost_after) != (self.launches_before,
-                                                                                 self.cost_before)
+        return not self.fell_back and (self.launches_after, self.cost_after) != (self.launches_before, self.cost_before)
 
     @property
     def total_seconds(self) -> float:
@@ -134,7 +133,8 @@ class OptimizeReport:
             f"extraction:         {self.extractor} (optimal={self.optimal}, gap={self.gap})",
             f"time:               {self.total_seconds:.3f} s "
             + " ".join(f"{k}={v:.3f}" for k, v in self.phase_seconds.items()),
-            "batched:            " + (", ".join(f"{k} x{v}" for k, v in self.batched.items()) or "none")
+            "batched:            "
+            + (", ".join(f"{k} x{v}" for k, v in self.batched.items()) or "none")
             + (f" (declined by the fusion model: {', '.join(self.dropped_batches)})" if self.dropped_batches else ""),
             "rules fired:        " + (", ".join(f"{k} x{v}" for k, v in fired if v) or "none"),
         ]
@@ -143,18 +143,26 @@ class OptimizeReport:
         if self.measured is not None:
             lines.append(f"step time:          {self.measured.summary()}")
         if self.parameter_packs is not None:
-            lines.append(f"parameter packs:    {self.parameter_packs} stacks of weights built once, "
-                         "the weights moved into them")
+            lines.append(
+                f"parameter packs:    {self.parameter_packs} stacks of weights built once, the weights moved into them"
+            )
         if self.recomputed_masks:
-            lines.append(f"recomputed masks:   {self.recomputed_masks} bool masks recomputed in the backward, "
-                         "not saved (postgrad/bool_masks.py)")
+            lines.append(
+                f"recomputed masks:   {self.recomputed_masks} bool masks recomputed in the backward, "
+                "not saved (postgrad/bool_masks.py)"
+            )
         if self.kept_gradient_inputs:
-            lines.append("kept in autograd:   " + ", ".join(self.kept_gradient_inputs)
-                         + " (no longer read; an exact zero keeps their gradient)")
+            lines.append(
+                "kept in autograd:   "
+                + ", ".join(self.kept_gradient_inputs)
+                + " (no longer read; an exact zero keeps their gradient)"
+            )
         if self.ddp_pieces is not None:
             original, optimized = self.ddp_pieces
-            lines.append(f"DDP pieces:         optimized program cut into {optimized}"
-                         + (f", the original into {original}" if original is not None else ""))
+            lines.append(
+                f"DDP pieces:         optimized program cut into {optimized}"
+                + (f", the original into {original}" if original is not None else "")
+            )
         if self.inductor_seconds is not None:
             lines.append("compile time:       " + self.compile_split())
         if self.from_cache:

@@ -199,11 +199,18 @@ class EGraphSession:
     def eclass_count(self) -> int:
         """E-classes of tensors and lists (freezes the e-graph: for exploration, not hot paths)."""
         frozen = self.egraph.freeze()
-        return len({row.output for function in frozen.functions.values()
-                    if function.output_sort in ("Tensor", "TList") for row in function.rows})
+        return len(
+            {
+                row.output
+                for function in frozen.functions.values()
+                if function.output_sort in ("Tensor", "TList")
+                for row in function.rows
+            }
+        )
 
-    def saturate(self, limits: Limits, previous: SaturationReport | None = None,
-                 record_eclasses: bool = False) -> SaturationReport:
+    def saturate(
+        self, limits: Limits, previous: SaturationReport | None = None, record_eclasses: bool = False
+    ) -> SaturationReport:
         """Run the schedule until saturated or a limit is hit.
 
         With ``previous``, continue its report: iterations, time and matches add
@@ -250,8 +257,13 @@ class EGraphSession:
                 self._run("(run-schedule (saturate (run shapes)))")  # the new terms' shapes
             enodes = self.enode_count()
             report.history.append(
-                {"iteration": iteration, "enodes": enodes, "seconds": time.perf_counter() - t0,
-                 "matches": dict(step.matches), "backoff_banned": sorted(banned)}
+                {
+                    "iteration": iteration,
+                    "enodes": enodes,
+                    "seconds": time.perf_counter() - t0,
+                    "matches": dict(step.matches),
+                    "backoff_banned": sorted(banned),
+                }
             )
             if step.stopped:
                 report.history[-1]["cut"] = True

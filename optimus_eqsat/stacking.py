@@ -77,6 +77,7 @@ class StackedGroup:
 
 # ----------------------------------------------------------------------------- planning
 
+
 def _training_graphs(model: nn.Module, example_inputs: Sequence[Any]) -> list[tuple[fx.GraphModule, list[Any]]]:
     """Dynamo's graphs of one training forward of ``model``, with their example inputs (the
     model's parameters among them, lifted to inputs). The forward runs once, with the
@@ -121,8 +122,12 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
         value = dict(zip(placeholders, inputs))
         for pack in packable_work(program, inputs).packs:
             kind = canonical_name(pack.node)
-            if kind == "stack" and value[pack.params[0]].ndim == 2 and pack.node.users \
-                    and all(map(_last_dims_swapped, pack.node.users)):
+            if (
+                kind == "stack"
+                and value[pack.params[0]].ndim == 2
+                and pack.node.users
+                and all(map(_last_dims_swapped, pack.node.users))
+            ):
                 kind = "stack-t"
             paths = [names.get(id(value[p])) for p in pack.params]
             if None not in paths:
@@ -130,7 +135,9 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
     return groups
 
 
-def _program_with_stored_stacks(gm: fx.GraphModule, inputs: list[Any], options: dict[str, Any]) -> fx.GraphModule | None:
+def _program_with_stored_stacks(
+    gm: fx.GraphModule, inputs: list[Any], options: dict[str, Any]
+) -> fx.GraphModule | None:
     """The optimizer's program for a training step of ``gm``, with every stack or dim-0 cat of
     whole parameters priced as free, as it is once stacking has made it the parameters'
     storage (the objective of cached inference, ``Objective.cached``, in training). Priced as
@@ -186,8 +193,10 @@ def _shared(model: nn.Module) -> set[str]:
     for name, p in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(p), []).append(name)
     storages: dict[tuple[str, int], set[int]] = {}
-    tensors = [*(p for _, p in model.named_parameters(remove_duplicate=False)),
-               *(b for _, b in model.named_buffers(remove_duplicate=False))]
+    tensors = [
+        *(p for _, p in model.named_parameters(remove_duplicate=False)),
+        *(b for _, b in model.named_buffers(remove_duplicate=False)),
+    ]
     for t in tensors:
         if t.device.type != "meta":
             storages.setdefault((str(t.device), t.untyped_storage().data_ptr()), set()).add(id(t))
@@ -198,6 +207,7 @@ def _shared(model: nn.Module) -> set[str]:
 
 
 # ----------------------------------------------------------------------------- the layout
+
 
 def _slot_property(name: str) -> property:
     """A member's parameter ``name``, read as a view of its slot of its owner's stack."""
@@ -235,10 +245,25 @@ class _StackedMember:
                 destination[key] = own.pop(key)
         destination.update(own)
 
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,  # type: ignore[misc]
-                                      missing_keys, unexpected_keys, error_msgs)
+    def _load_from_state_dict(
+        self,
+        state_dict: dict,
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict,
+            prefix,
+            local_metadata,
+            strict,  # type: ignore[misc]
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
+        )
         for name in self.__dict__[_SLOTS]:
             key = prefix + name
             if key in unexpected_keys:
@@ -249,11 +274,15 @@ class _StackedMember:
                 continue
             value, slot = state_dict[key], getattr(self, name)
             if not isinstance(value, torch.Tensor):
-                error_msgs.append(f'While copying the parameter named "{key}", expected torch.Tensor or '
-                                  f"Tensor-like object from checkpoint but received {type(value)}")
+                error_msgs.append(
+                    f'While copying the parameter named "{key}", expected torch.Tensor or '
+                    f"Tensor-like object from checkpoint but received {type(value)}"
+                )
             elif value.shape != slot.shape:
-                error_msgs.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
-                                  f"checkpoint, the shape in current model is {slot.shape}.")
+                error_msgs.append(
+                    f"size mismatch for {key}: copying a param with shape {value.shape} from "
+                    f"checkpoint, the shape in current model is {slot.shape}."
+                )
             else:
                 with torch.no_grad():
                     slot.copy_(value)
@@ -353,8 +382,10 @@ def _stack_group(model: nn.Module, kind: str, members: list[str]) -> StackedGrou
         module.__class__ = _member_class(state[_CLASS], tuple(sorted(state[_SLOTS])))
     if _STACKS not in owner.__dict__:
         owner.__dict__[_STACKS] = {}
-        owner.__dict__[_HANDLES] = [owner.register_state_dict_post_hook(_save_hook),
-                                    owner.register_load_state_dict_post_hook(_load_post_hook)]
+        owner.__dict__[_HANDLES] = [
+            owner.register_state_dict_post_hook(_save_hook),
+            owner.register_load_state_dict_post_hook(_load_post_hook),
+        ]
     group = StackedGroup(owner_path, name, tuple(members), "cat" if kind == "cat" else "stack", kind == "stack-t")
     owner.__dict__[_STACKS][name] = group
     return group
@@ -373,19 +404,34 @@ def _groups_to_stack(model: nn.Module, planned: Sequence[tuple[str, Sequence[str
         params = [names[m] for m in members]
         first = params[0]
         if shared & set(members) or seen & set(members) or len(set(members)) != len(members):
-            log.info("optimus_eqsat: stack_parameters leaves %s alone (tied, aliased or in another group)",
-                     ", ".join(members))
+            log.info(
+                "optimus_eqsat: stack_parameters leaves %s alone (tied, aliased or in another group)",
+                ", ".join(members),
+            )
             continue
-        if any(p.dtype != first.dtype or p.device != first.device or p.requires_grad != first.requires_grad
-               or (kind != "cat" and p.shape != first.shape) or p.shape[1:] != first.shape[1:]
-               or p.ndim == 0 or (kind == "stack-t" and p.ndim != 2) for p in params):
+        if any(
+            p.dtype != first.dtype
+            or p.device != first.device
+            or p.requires_grad != first.requires_grad
+            or (kind != "cat" and p.shape != first.shape)
+            or p.shape[1:] != first.shape[1:]
+            or p.ndim == 0
+            or (kind == "stack-t" and p.ndim != 2)
+            for p in params
+        ):
             continue
         seen.update(members)
         yield kind, members
 
 
-def stack_parameters(model: nn.Module, example_inputs: Sequence[Any] | torch.Tensor, *, rounds: int = 2,
-                     exclude: Callable[[str], bool] | None = None, **options: Any) -> nn.Module:
+def stack_parameters(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    *,
+    rounds: int = 2,
+    exclude: Callable[[str], bool] | None = None,
+    **options: Any,
+) -> nn.Module:
     """Store the parameters the optimizer's batched training program reads stacked, in place.
 
     Runs the optimizer (``options`` as :func:`optimus_eqsat.optimize_graph` takes them; mode
@@ -446,14 +492,17 @@ def stacked_groups(model: nn.Module) -> list[StackedGroup]:
     out: list[StackedGroup] = []
     for path, module in model.named_modules():
         for group in module.__dict__.get(_STACKS, {}).values():
-            out.append(replace(group, owner=path, members=tuple(_join(path, group.owner, m) for m in group.members))
-                       if path != group.owner else group)
+            out.append(
+                replace(group, owner=path, members=tuple(_join(path, group.owner, m) for m in group.members))
+                if path != group.owner
+                else group
+            )
     return out
 
 
 def _join(path: str, owner: str, member: str) -> str:
     """``member`` (a path from the model ``owner`` was found in) as a path under ``path``."""
-    rel = member[len(owner) + 1:] if owner else member
+    rel = member[len(owner) + 1 :] if owner else member
     return f"{path}.{rel}" if path else rel
 
 
@@ -470,11 +519,14 @@ def unstack_parameters(model: nn.Module) -> nn.Module:
         for attr, (owner, stack_name, index, transposed) in state[_SLOTS].items():
             stack = owner._parameters[stack_name]
             slot = stack.detach()[index]
-            values[attr] = nn.Parameter((slot.t() if transposed else slot).clone(memory_format=torch.contiguous_format),
-                                        requires_grad=stack.requires_grad)
+            values[attr] = nn.Parameter(
+                (slot.t() if transposed else slot).clone(memory_format=torch.contiguous_format),
+                requires_grad=stack.requires_grad,
+            )
         params = module._parameters
-        restored = OrderedDict((n, values[n] if n in values else params[n]) for n in state[_ORDER]
-                               if n in values or n in params)
+        restored = OrderedDict(
+            (n, values[n] if n in values else params[n]) for n in state[_ORDER] if n in values or n in params
+        )
         restored.update((n, p) for n, p in params.items() if n not in restored)
         params.clear()
         params.update(restored)

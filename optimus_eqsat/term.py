@@ -143,8 +143,11 @@ class Leaf(Term):
     i: int
 
 
-@_ctor(Role.VIEW, "x dim start end == x.narrow(dim, start, end - start), 0 <= dim",
-       fx=lambda t, x: ("call_function", torch.narrow, (x, t.dim, t.start, t.end - t.start)))
+@_ctor(
+    Role.VIEW,
+    "x dim start end == x.narrow(dim, start, end - start), 0 <= dim",
+    fx=lambda t, x: ("call_function", torch.narrow, (x, t.dim, t.start, t.end - t.start)),
+)
 class Slice(Term):
     x: Term
     dim: int
@@ -152,8 +155,11 @@ class Slice(Term):
     end: int
 
 
-@_ctor(Role.VIEW, "x shape == x.reshape(shape), shape fully explicit",
-       fx=lambda t, x: ("call_function", torch.reshape, (x, list(t.shape))))
+@_ctor(
+    Role.VIEW,
+    "x shape == x.reshape(shape), shape fully explicit",
+    fx=lambda t, x: ("call_function", torch.reshape, (x, list(t.shape))),
+)
 class Reshape(Term):
     x: Term
     shape: Shape
@@ -165,8 +171,11 @@ class Permute(Term):
     perm: Shape
 
 
-@_ctor(Role.VIEW, "x shape == x.expand(shape), shape fully explicit",
-       fx=lambda t, x: ("call_method", "expand", (x, list(t.shape))))
+@_ctor(
+    Role.VIEW,
+    "x shape == x.expand(shape), shape fully explicit",
+    fx=lambda t, x: ("call_method", "expand", (x, list(t.shape))),
+)
 class Expand(Term):
     x: Term
     shape: Shape
@@ -257,8 +266,9 @@ class MapUnary(ListTerm):
 
 AnyTerm = _Union[Term, ListTerm]  # noqa: UP007 (Union is a term of the language here)
 # Tensor constructors other than Slice (rules written per constructor read these).
-NON_SLICE_TENSOR_CTORS = tuple(c for c in CTORS.values() if c.output == "Tensor" and c.role is not Role.NAMING
-                               and c.name != "Slice")
+NON_SLICE_TENSOR_CTORS = tuple(
+    c for c in CTORS.values() if c.output == "Tensor" and c.role is not Role.NAMING and c.name != "Slice"
+)
 VIEW_CTORS = frozenset(c.name for c in CTORS.values() if c.role is Role.VIEW)
 EMITTED_CTORS = frozenset(c.name for c in CTORS.values() if c.emitted)
 OP_CTORS = frozenset(c.name for c in CTORS.values() if c.role in (Role.ELEMENTWISE, Role.OP))  # carry an op key
@@ -302,8 +312,10 @@ def render(term: AnyTerm) -> str:
 
 def egglog_declarations() -> str:
     """The sorts and constructors of the language, as egglog declarations (in declaration order)."""
-    lines = [";; generated from optimus_eqsat/term.py: one constructor per op, argument order as there",
-             "(sort Shape (Vec i64))"]
+    lines = [
+        ";; generated from optimus_eqsat/term.py: one constructor per op, argument order as there",
+        "(sort Shape (Vec i64))",
+    ]
     for sort in ("Tensor", "TList"):
         lines.append(f"(datatype {sort}")
         for info in CTORS.values():
@@ -369,8 +381,13 @@ Fact = _Union[Union, KnownShape, ListFacts]  # noqa: UP007
 MAX_INLINE_LIST = 16
 
 
-def cons_list(items: Sequence[Term], dim: int, emit: Callable[[Fact], None], new_list_id: Callable[[], int],
-              sizes: Sequence[int] | None = None) -> ListTerm:
+def cons_list(
+    items: Sequence[Term],
+    dim: int,
+    emit: Callable[[Fact], None],
+    new_list_id: Callable[[], int],
+    sizes: Sequence[int] | None = None,
+) -> ListTerm:
     """The list of ``items`` concatenated along ``dim``.
 
     Long lists are built tail first in chunks; each finished chunk is named

@@ -123,7 +123,9 @@ class Translation:
 # ---------------------------------------------------------------- mutation analysis
 
 
-def ordered_nodes(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
+def ordered_nodes(
+    gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]
+) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
     """(nodes that must stay opaque, nodes whose relative order must be kept)."""
     memory = written_memory(gm, nodes)
     forced = memory.accesses()
@@ -165,8 +167,12 @@ def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> Writ
     def aliasing(n: torch.fx.Node) -> bool:  # unknown ops may alias too
         name = canonical_name(n)
         # (a norm's output is new memory: only its running statistics are written)
-        return n.op == "call_module" or name is None or name in ALIASING_OPS \
+        return (
+            n.op == "call_module"
+            or name is None
+            or name in ALIASING_OPS
             or (n in mutating and not running_stats_written(n))
+        )
 
     def aliased_inputs(n: torch.fx.Node) -> list[torch.fx.Node]:
         # a known in-place op returns what it writes (``x.add_(y)`` is ``x``, never ``y``)
@@ -196,8 +202,9 @@ def written_memory(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> Writ
     return WrittenMemory(mutating, tainted, root)
 
 
-def effect_footprints(gm: torch.fx.GraphModule, ordered: list[torch.fx.Node], memory: WrittenMemory,
-                      keep_rng_order: bool) -> dict[torch.fx.Node, set[Any]]:
+def effect_footprints(
+    gm: torch.fx.GraphModule, ordered: list[torch.fx.Node], memory: WrittenMemory, keep_rng_order: bool
+) -> dict[torch.fx.Node, set[Any]]:
     """What each ordered node touches: the keys of the written memory it reads or writes,
     :data:`EVERYTHING` for an unknown op, :data:`RNG` for a random op when ``keep_rng_order``."""
     footprints = {}
@@ -211,8 +218,9 @@ def effect_footprints(gm: torch.fx.GraphModule, ordered: list[torch.fx.Node], me
     return footprints
 
 
-def effect_edges(ordered: list[torch.fx.Node], footprints: dict[torch.fx.Node, set[Any]]
-                 ) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+def effect_edges(
+    ordered: list[torch.fx.Node], footprints: dict[torch.fx.Node, set[Any]]
+) -> dict[torch.fx.Node, list[torch.fx.Node]]:
     """For each ordered node (in graph order), the latest earlier ordered nodes whose
     footprints meet its own: the only order the rebuilt program must keep (transitively,
     every earlier effect on the same memory)."""
@@ -320,8 +328,16 @@ class Translator:
         spec = OpSpec("call_function", target, tuple(Slot(i) for i in range(n_operands)), (), kind)
         return self.t.registry.add_named(key, spec)
 
-    def generic(self, kind: str, elementwise: bool = False, *, op: str | None = None, target: Any = None,
-                args: tuple | None = None, kwargs: dict | None = None) -> Term:
+    def generic(
+        self,
+        kind: str,
+        elementwise: bool = False,
+        *,
+        op: str | None = None,
+        target: Any = None,
+        args: tuple | None = None,
+        kwargs: dict | None = None,
+    ) -> Term:
         """An op kept as is, keyed by its target and constant arguments."""
         node = self.node
         op = op or node.op
@@ -376,8 +392,13 @@ class Translator:
                 except Impure as exc:
                     self._opaque(i, str(exc), ordered=keep_rng_order)
                 except Unsupported as exc:
-                    self._opaque(i, str(exc), ordered=node in ordered or _unknown(self.gm, node)
-                                 or (keep_rng_order and _random(self.gm, node)))
+                    self._opaque(
+                        i,
+                        str(exc),
+                        ordered=node in ordered
+                        or _unknown(self.gm, node)
+                        or (keep_rng_order and _random(self.gm, node)),
+                    )
         if keep_rng_order:
             t.layout_sensitive = {i for i in t.ordered if _random(self.gm, self.nodes[i])}
             for i in t.layout_sensitive:

@@ -54,8 +54,10 @@ class TupleItemSpec(OpSpec):
 
 def tuple_item_specs(registry: Any, key: str, spec: OpSpec, count: int) -> list[str]:
     """Keys ``KEY#k`` for the ``count`` items of the tuple op ``spec`` registered as ``key``."""
-    return [registry.add_named(f"{key}#{k}", TupleItemSpec(spec.op, spec.target, spec.args, spec.kwargs,
-                                                           spec.kind, item=k)) for k in range(count)]
+    return [
+        registry.add_named(f"{key}#{k}", TupleItemSpec(spec.op, spec.target, spec.args, spec.kwargs, spec.kind, item=k))
+        for k in range(count)
+    ]
 
 
 def h_tuple_op(ctx: Any, a: dict[str, Any]) -> list[Term]:
@@ -65,8 +67,11 @@ def h_tuple_op(ctx: Any, a: dict[str, Any]) -> list[Term]:
     kind = OP_KINDS[name].value if name in OP_KINDS else "other"
     whole = ctx.generic(kind)  # registers the whole op's spec; its term is not used
     value = node.meta.get("val")
-    count = len(value) if isinstance(value, (tuple, list)) else \
-        1 + max((u.args[1] for u in node.users if isinstance(u.args[1], int)), default=0)
+    count = (
+        len(value)
+        if isinstance(value, (tuple, list))
+        else 1 + max((u.args[1] for u in node.users if isinstance(u.args[1], int)), default=0)
+    )
     registry = ctx.t.registry  # the translator's op registry
     keys = tuple_item_specs(registry, whole.op, registry.specs[whole.op], count)
     ctor = {1: Op1, 2: Op2, 3: Op3}[len(_operands(whole))]

@@ -56,15 +56,17 @@ def builtin_rulesets() -> dict[str, RuleSet]:
     families = [
         RuleSet(
             "splitcat",
-            "\n".join([
-                _read("splitcat.egg"),
-                _read("splitcat_runs.egg"),
-                generated.permute_permute_rules(),
-                generated.select_movedim_rules(),
-                generated.slice_as_select_rules(),
-                generated.slice_cat_member_rules(),
-                generated.reshape_trailing_rules(),
-            ]),
+            "\n".join(
+                [
+                    _read("splitcat.egg"),
+                    _read("splitcat_runs.egg"),
+                    generated.permute_permute_rules(),
+                    generated.select_movedim_rules(),
+                    generated.slice_as_select_rules(),
+                    generated.slice_cat_member_rules(),
+                    generated.reshape_trailing_rules(),
+                ]
+            ),
             "split/cat/view algebra (Inductor split_cat.py)",
             once=("splitcat_once",),
             analyses=("splitcat_analysis",),

@@ -196,10 +196,14 @@ def split_family(program: str, family: str) -> tuple[str, SplitFamily]:
     rulesets = {name: f"{family}@{k}" for k, name in enumerate(names)}
     reported = {}
     for form, name in zip(ours, names):
-        for shown in ([f"{name}=>", f"{name}<="] if form.head == "birewrite" else [name]):
+        for shown in [f"{name}=>", f"{name}<="] if form.head == "birewrite" else [name]:
             reported[shown] = name
-    declarations = "\n".join([*(f"(ruleset {rs})" for rs in rulesets.values()),
-                              f"(unstable-combined-ruleset {family} {' '.join(rulesets.values())})"])
+    declarations = "\n".join(
+        [
+            *(f"(ruleset {rs})" for rs in rulesets.values()),
+            f"(unstable-combined-ruleset {family} {' '.join(rulesets.values())})",
+        ]
+    )
     declared = re.compile(rf"\(\s*ruleset\s+{re.escape(family)}\s*\)")
     edits = [(f.start, f.end, declarations) for f in forms if declared.fullmatch(program, f.start, f.end)]
     for form, name in zip(ours, names):

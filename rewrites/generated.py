@@ -29,7 +29,7 @@ def permute_shape_rules() -> str:
         dims = [f"(vec-get s (vec-get p {i}))" for i in range(r)]
         rules.append(
             f"(rule ((= t (Permute x p)) (= s (shape x)) (= (vec-length p) {r}))"
-            f" ((set (shape t) {_vec(dims)})) :ruleset shapes :name \"shape-permute-r{r}\")"
+            f' ((set (shape t) {_vec(dims)})) :ruleset shapes :name "shape-permute-r{r}")'
         )
     return "\n".join(rules)
 
@@ -41,7 +41,7 @@ def permute_permute_rules() -> str:
         composed = [f"(vec-get p (vec-get q {i}))" for i in range(r)]
         rules.append(
             f"(rule ((= t (Permute (Permute x p) q)) (= (vec-length q) {r}))"
-            f" ((union t (Permute x {_vec(composed)}))) :ruleset splitcat :name \"permute-permute-r{r}\")"
+            f' ((union t (Permute x {_vec(composed)}))) :ruleset splitcat :name "permute-permute-r{r}")'
         )
     return "\n".join(rules)
 
@@ -64,15 +64,17 @@ def select_movedim_rules() -> str:
                 squeezed = [f"(vec-get sx {p})" for p in range(r) if p != d]
                 target = f"(Slice (Permute x {_vec([str(p) for p in perm])}) {e} i (+ i 1))"
                 # Only inside a cat list on dim e: that is where the moved piece can merge.
-                query = (f"(= l (TCons t rest)) (= {e} (ldim rest)) (= t (Reshape (Slice x {d} i j) s))"
-                         f" (= j (+ i 1)) (= sx (shape x)) (= (vec-length sx) {r})")
+                query = (
+                    f"(= l (TCons t rest)) (= {e} (ldim rest)) (= t (Reshape (Slice x {d} i j) s))"
+                    f" (= j (+ i 1)) (= sx (shape x)) (= (vec-length sx) {r})"
+                )
                 rules.append(
                     f"(rule ({query} (= s {_vec(moved)})) ((union t {target}))"
-                    f" :ruleset splitcat :name \"select-movedim-r{r}-{d}to{e}\")"
+                    f' :ruleset splitcat :name "select-movedim-r{r}-{d}to{e}")'
                 )
                 rules.append(
                     f"(rule ({query} (= s {_vec(squeezed)})) ((union t (Reshape {target} s)))"
-                    f" :ruleset splitcat :name \"select-movedim-squeezed-r{r}-{d}to{e}\")"
+                    f' :ruleset splitcat :name "select-movedim-squeezed-r{r}-{d}to{e}")'
                 )
     return "\n".join(rules)
 
@@ -91,18 +93,20 @@ def slice_as_select_rules() -> str:
             unflat = [f"(vec-get sx {j})" for j in range(d)] + ["(/ n k)", "k"]
             unflat += [f"(vec-get sx {j})" for j in range(d + 1, r)]
             target = f"(Reshape (Slice (Reshape x {_vec(unflat)}) {d} (/ a k) (+ (/ a k) 1)) st)"
-            common = (f"(= t (Slice x {d} a b)) (= sx (shape x)) (= (vec-length sx) {r}) (= k (- b a)) (> k 0)"
-                      f" (= n (vec-get sx {d})) (>= n 0) (= 0 (% a k)) (= 0 (% n k)) (= st (shape t))")  # n >= 0: not symbolic
+            common = (
+                f"(= t (Slice x {d} a b)) (= sx (shape x)) (= (vec-length sx) {r}) (= k (- b a)) (> k 0)"
+                f" (= n (vec-get sx {d})) (>= n 0) (= 0 (% a k)) (= 0 (% n k)) (= st (shape t))"
+            )  # n >= 0: not symbolic
             # Under a reshape only wider pieces: a unit piece already is a select, and
             # re-selecting it would add a unit dim per iteration.
             contexts = {"cat": f"(= l (TCons t rest)) (!= {d} (ldim rest))", "reshape": "(= u (Reshape t s2))"}
             for where, context in contexts.items():
                 wide = " (> k 1)" if where == "reshape" else ""
-                rules.append(f"(rule ({context} {common}{wide}) ((union t {target}))"
-                             f" :ruleset splitcat :name \"slice-as-select-{where}-r{r}-{d}\")")
+                rules.append(
+                    f"(rule ({context} {common}{wide}) ((union t {target}))"
+                    f' :ruleset splitcat :name "slice-as-select-{where}-r{r}-{d}")'
+                )
     return "\n".join(rules)
-
-
 
 
 def slice_cat_member_rules() -> str:
@@ -115,7 +119,7 @@ def slice_cat_member_rules() -> str:
     for ctor in NON_SLICE_TENSOR_CTORS:  # every constructor a tensor can have other than Slice
         rules.append(
             f"(rule ((memberpiece t h d a b) (= h {ctor.pattern()})) ((union t (Slice h d a b)))"
-            f" :ruleset splitcat :name \"slice-cat-member-{ctor.name}\")"
+            f' :ruleset splitcat :name "slice-cat-member-{ctor.name}")'
         )
     return "\n".join(rules)
 
@@ -138,6 +142,6 @@ def reshape_trailing_rules() -> str:
                 f"(rule ((= t (Reshape (Slice x {d} a b) s)) (= (vec-length s) {r}) (= sx (shape x))"
                 f" (< {d} (vec-length sx)) {lead} (= (vec-get s {d}) (- b a)) (> b a))"  # an empty piece need not
                 f" ((union t (Slice (Reshape x (vec-set s {d} (vec-get sx {d}))) {d} a b)))"
-                f" :ruleset splitcat :name \"reshape-trailing-r{r}-{d}\")"
+                f' :ruleset splitcat :name "reshape-trailing-r{r}-{d}")'
             )
     return "\n".join(rules)

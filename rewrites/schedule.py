@@ -84,11 +84,11 @@ class Backoff:
 
     def match_limit(self, fx_nodes: int, bans: int = 0) -> int:
         """Matches one iteration may bring a rule banned ``bans`` times before, on a graph of ``fx_nodes``."""
-        return int(max(self.min_match_limit, self.matches_per_fx_node * fx_nodes)) * self.growth ** bans
+        return int(max(self.min_match_limit, self.matches_per_fx_node * fx_nodes)) * self.growth**bans
 
     def ban_iterations(self, bans: int = 0) -> int:
         """Iterations of the ban of a rule banned ``bans`` times before."""
-        return self.ban_length * self.growth ** bans
+        return self.ban_length * self.growth**bans
 
 
 def compose(rulesets: Sequence[RuleSet], runs: Mapping[str, str | None] | None = None) -> Schedule:
@@ -104,6 +104,10 @@ def compose(rulesets: Sequence[RuleSet], runs: Mapping[str, str | None] | None =
     settle = f"(saturate (seq {' '.join(f'(saturate (run {name}))' for name in analysis_names)}))"
     once = " ".join(f"(run {name})" for name in once_names)
     families = " ".join(f"(run {name})" for name in family_names)
-    return Schedule(first=f"(run-schedule {settle} (seq {once}) {settle})" if once else None,
-                    step=f"(run-schedule {settle} (seq {families}) {settle})",
-                    analyses=analysis_names, once=once_names, families=family_names)
+    return Schedule(
+        first=f"(run-schedule {settle} (seq {once}) {settle})" if once else None,
+        step=f"(run-schedule {settle} (seq {families}) {settle})",
+        analyses=analysis_names,
+        once=once_names,
+        families=family_names,
+    )

@@ -15,12 +15,16 @@ from optimus_eqsat.fxvocab import canonical_name
 
 def op_counts(gm: torch.fx.GraphModule) -> Counter:
     """Canonical op names of the call nodes of a graph."""
-    return Counter(canonical_name(n) or str(n.target) for n in gm.graph.nodes
-                   if n.op in ("call_function", "call_method", "call_module"))
+    return Counter(
+        canonical_name(n) or str(n.target)
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method", "call_module")
+    )
 
 
-def optimize_and_check(fn: Callable | torch.nn.Module, *inputs: torch.Tensor, grads: bool = True,
-                       **options: Any) -> torch.fx.GraphModule:
+def optimize_and_check(
+    fn: Callable | torch.nn.Module, *inputs: torch.Tensor, grads: bool = True, **options: Any
+) -> torch.fx.GraphModule:
     """symbolic_trace + optimize (raising on error), then compare outputs and gradients with eager."""
     module = fn
     gm = torch.fx.symbolic_trace(fn)
@@ -49,6 +53,8 @@ def assert_same_numerics(reference: Callable, candidate: Callable, inputs: tuple
         gg = torch.autograd.grad(outs_g, [x for x in leaves2 if x.requires_grad], seeds, allow_unused=True)
         for a, b in zip(ge, gg):
             if a is None or b is None:
-                assert a is None or torch.count_nonzero(a) == 0 if b is None else b is None or torch.count_nonzero(b) == 0
+                assert (
+                    a is None or torch.count_nonzero(a) == 0 if b is None else b is None or torch.count_nonzero(b) == 0
+                )
             else:
                 torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

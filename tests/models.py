@@ -53,7 +53,7 @@ class ExtractionLevel(nn.Module):
         shared = [expert(inputs[-1]).unsqueeze(1) for expert in self.shared_experts]
         outs = []
         for task, gate in enumerate(self.gates):
-            experts = torch.cat(own[task * self.specific:(task + 1) * self.specific] + shared, dim=1)
+            experts = torch.cat(own[task * self.specific : (task + 1) * self.specific] + shared, dim=1)
             outs.append((gate(inputs[task]).unsqueeze(-1) * experts).sum(dim=1))
         if self.shared_gate is not None:
             experts = torch.cat(own + shared, dim=1)
@@ -67,14 +67,23 @@ class BatchNormPLE(nn.Module):
     backward made Inductor overwrite a piece of a concatenation still to be read (in-place
     kernel outputs; see ``optimus_eqsat.inductor_compat``)."""
 
-    def __init__(self, width: int = 16, dims: tuple[int, ...] = (32, 16), tasks: int = 2, levels: int = 2,
-                 specific: int = 2, shared: int = 1):
+    def __init__(
+        self,
+        width: int = 16,
+        dims: tuple[int, ...] = (32, 16),
+        tasks: int = 2,
+        levels: int = 2,
+        specific: int = 2,
+        shared: int = 1,
+    ):
         super().__init__()
         self.tasks = tasks
         self.levels = nn.ModuleList(
-            ExtractionLevel(width if level == 0 else dims[-1], list(dims), tasks, specific, shared,
-                            last=level == levels - 1)
-            for level in range(levels))
+            ExtractionLevel(
+                width if level == 0 else dims[-1], list(dims), tasks, specific, shared, last=level == levels - 1
+            )
+            for level in range(levels)
+        )
         self.towers = nn.ModuleList(nn.Sequential(_mlp(dims[-1], [8]), nn.Linear(8, 1)) for _ in range(tasks))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -58,19 +58,22 @@ def test_family_loads_by_default():
 # ---------------------------------------------------------------- identities
 
 
-@pytest.mark.parametrize("fn, rule", [
-    (lambda x: (x * 1).relu(), "mul-one"),
-    (lambda x: (1.0 * x).relu(), "mul-one"),
-    (lambda x: (x / 1).relu(), "div-one"),
-    (lambda x: (x + 0).relu(), "add-zero"),
-    (lambda x: (0.0 + x).relu(), "add-zero"),
-    (lambda x: (x - 0).relu(), "sub-zero"),
-    (lambda x: (x ** 1).relu(), "pow-one"),
-    (lambda x: (-(-x)).relu(), "neg-neg"),
-    (lambda x: torch.neg(x).neg().relu(), "neg-neg"),
-    (lambda x: (-(0.0 - x)).relu(), "rsub-zero"),
-    (lambda x: (-(x * -1)).relu(), "mul-minus-one"),
-])
+@pytest.mark.parametrize(
+    "fn, rule",
+    [
+        (lambda x: (x * 1).relu(), "mul-one"),
+        (lambda x: (1.0 * x).relu(), "mul-one"),
+        (lambda x: (x / 1).relu(), "div-one"),
+        (lambda x: (x + 0).relu(), "add-zero"),
+        (lambda x: (0.0 + x).relu(), "add-zero"),
+        (lambda x: (x - 0).relu(), "sub-zero"),
+        (lambda x: (x**1).relu(), "pow-one"),
+        (lambda x: (-(-x)).relu(), "neg-neg"),
+        (lambda x: torch.neg(x).neg().relu(), "neg-neg"),
+        (lambda x: (-(0.0 - x)).relu(), "rsub-zero"),
+        (lambda x: (-(x * -1)).relu(), "mul-minus-one"),
+    ],
+)
 def test_identity_removed(fn, rule):
     gm, counts, report = opt(fn, x34())
     assert arith_ops(counts) == 0, counts
@@ -107,18 +110,21 @@ def test_neg_key_is_fixed():
 # ---------------------------------------------------------------- scalar constant folding
 
 
-@pytest.mark.parametrize("fn, op, rule", [
-    (lambda x: x * 2.0 * 3.0, "mul", "mul-mul"),
-    (lambda x: (x + 1.0) + 2.0, "add", "add-add"),
-    (lambda x: (x - 1.0) - 2.0, "sub", "sub-sub"),
-    (lambda x: (x + 1.0) - 3.0, "add", "add-sub"),
-    (lambda x: (x - 1.0) + 3.0, "add", "sub-add"),
-    (lambda x: (x / 2.0) / 4.0, "div", "div-div"),
-    (lambda x: (x * 3.0) / 2.0, "mul", "mul-div"),
-    (lambda x: (x / 4.0) * 3.0, "mul", "div-mul"),
-    (lambda x: x * 3.0 + x * 4.0, "mul", "scalar-mul-factor-add"),
-    (lambda x: x * 3.0 - x * 5.0, "mul", "scalar-mul-factor-sub"),
-])
+@pytest.mark.parametrize(
+    "fn, op, rule",
+    [
+        (lambda x: x * 2.0 * 3.0, "mul", "mul-mul"),
+        (lambda x: (x + 1.0) + 2.0, "add", "add-add"),
+        (lambda x: (x - 1.0) - 2.0, "sub", "sub-sub"),
+        (lambda x: (x + 1.0) - 3.0, "add", "add-sub"),
+        (lambda x: (x - 1.0) + 3.0, "add", "sub-add"),
+        (lambda x: (x / 2.0) / 4.0, "div", "div-div"),
+        (lambda x: (x * 3.0) / 2.0, "mul", "mul-div"),
+        (lambda x: (x / 4.0) * 3.0, "mul", "div-mul"),
+        (lambda x: x * 3.0 + x * 4.0, "mul", "scalar-mul-factor-add"),
+        (lambda x: x * 3.0 - x * 5.0, "mul", "scalar-mul-factor-sub"),
+    ],
+)
 def test_scalar_chain_folds_to_one_op(fn, op, rule):
     # reassociates: constants combine in f64 and round once; float32 tolerance holds
     gm, counts, report = opt(fn, x34())
@@ -155,16 +161,19 @@ def test_integer_fold_is_exact():
 # ---------------------------------------------------------------- factoring
 
 
-@pytest.mark.parametrize("fn, rule", [
-    (lambda a, b, c: a * c + b * c, "add-mul-factor"),
-    (lambda a, b, c: c * a + c * b, "add-mul-factor-ll"),
-    (lambda a, b, c: a * c + c * b, "add-mul-factor-rl"),
-    (lambda a, b, c: c * a + b * c, "add-mul-factor-lr"),
-    (lambda a, b, c: a * c - b * c, "sub-mul-factor"),
-    (lambda a, b, c: c * a - c * b, "sub-mul-factor-ll"),
-    (lambda a, b, c: a * c - c * b, "sub-mul-factor-rl"),
-    (lambda a, b, c: c * a - b * c, "sub-mul-factor-lr"),
-])
+@pytest.mark.parametrize(
+    "fn, rule",
+    [
+        (lambda a, b, c: a * c + b * c, "add-mul-factor"),
+        (lambda a, b, c: c * a + c * b, "add-mul-factor-ll"),
+        (lambda a, b, c: a * c + c * b, "add-mul-factor-rl"),
+        (lambda a, b, c: c * a + b * c, "add-mul-factor-lr"),
+        (lambda a, b, c: a * c - b * c, "sub-mul-factor"),
+        (lambda a, b, c: c * a - c * b, "sub-mul-factor-ll"),
+        (lambda a, b, c: a * c - c * b, "sub-mul-factor-rl"),
+        (lambda a, b, c: c * a - b * c, "sub-mul-factor-lr"),
+    ],
+)
 def test_mul_factored(fn, rule):
     gm, counts, report = opt(fn, x34(), x34(), x34())
     assert counts["mul"] == 1 and arith_ops(counts) == 2, counts
@@ -296,14 +305,17 @@ def test_cat_of_matmuls_on_features_batches():
 # ---------------------------------------------------------------- false things stay false
 
 
-@pytest.mark.parametrize("fn, op", [
-    (lambda x: x * 2, "mul"),
-    (lambda x: x + 1, "add"),
-    (lambda x: x - 1, "sub"),
-    (lambda x: x / 3, "div"),  # not turned into x * (1/3): that rounds differently
-    (lambda x: x ** 2, "pow"),
-    (lambda x: x * 0, "mul"),  # x*0 is nan for inf/nan x
-])
+@pytest.mark.parametrize(
+    "fn, op",
+    [
+        (lambda x: x * 2, "mul"),
+        (lambda x: x + 1, "add"),
+        (lambda x: x - 1, "sub"),
+        (lambda x: x / 3, "div"),  # not turned into x * (1/3): that rounds differently
+        (lambda x: x**2, "pow"),
+        (lambda x: x * 0, "mul"),  # x*0 is nan for inf/nan x
+    ],
+)
 def test_non_identity_stays(fn, op):
     gm, counts, _ = opt(fn, x34())
     assert counts[op] == 1 and arith_ops(counts) == 1, counts
@@ -312,7 +324,7 @@ def test_non_identity_stays(fn, op):
 def test_pow_of_pow_is_not_folded():
     # (x**2)**0.5 == |x|, not x
     x = torch.randn(3, 4)
-    gm, counts, _ = opt(lambda x: (x ** 2) ** 0.5, x, grads=False)
+    gm, counts, _ = opt(lambda x: (x**2) ** 0.5, x, grads=False)
     assert counts["pow"] == 2, counts
 
 

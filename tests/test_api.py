@@ -110,9 +110,16 @@ def test_min_gain_of_a_piece_of_a_step_counts_the_rest_of_the_step():
     assert gain > 0
     rest = 100 * alone.cost_before  # the gain is under 1% of such a step
     report = optimize_graph(gm, (x,), profile="cpu", min_gain=0.01, rest_of_step_s=rest).meta["optimus_eqsat"]
-    assert report.fell_back and not report.changed and f"of a {alone.cost_before + rest:.3e} s step" in report.fallback_reason
-    assert optimize_graph(gm, (x,), profile="cpu", min_gain=gain / (alone.cost_before + rest) / 2,
-                          rest_of_step_s=rest).meta["optimus_eqsat"].changed
+    assert (
+        report.fell_back
+        and not report.changed
+        and f"of a {alone.cost_before + rest:.3e} s step" in report.fallback_reason
+    )
+    assert (
+        optimize_graph(gm, (x,), profile="cpu", min_gain=gain / (alone.cost_before + rest) / 2, rest_of_step_s=rest)
+        .meta["optimus_eqsat"]
+        .changed
+    )
     with pytest.raises(ValueError, match="rest_of_step_s"):
         optimize_graph(gm, (x,), rest_of_step_s=-1.0)
 
@@ -200,7 +207,9 @@ def test_example_inputs_that_do_not_fit_the_graph_are_named():
 
 def test_user_rule_file_is_used(tmp_path):
     rules = tmp_path / "mine.egg"
-    rules.write_text('(ruleset mine)\n(rewrite (Unary "tanh" (Unary "tanh" x)) (Unary "tanh" x) :ruleset mine :name "mine-wrong")\n')
+    rules.write_text(
+        '(ruleset mine)\n(rewrite (Unary "tanh" (Unary "tanh" x)) (Unary "tanh" x) :ruleset mine :name "mine-wrong")\n'
+    )
     gm = torch.fx.symbolic_trace(lambda x: x.relu())
     # tanh(tanh(x)) == tanh(x) is false: the rule checker would refuse the file
     optimized = optimize_graph(gm, (torch.randn(3),), rule_files=[str(rules)], raise_on_error=True, check_rules=False)
@@ -265,8 +274,10 @@ def test_large_scalar_constants_round_trip():
 
 def test_constructors_of_a_user_rule_file_are_never_extracted(tmp_path):
     rules = tmp_path / "helper.egg"
-    rules.write_text('(ruleset mine)\n(constructor Mine (Tensor) Tensor)\n'
-                     '(rewrite (Unary op x) (Mine x) :ruleset mine :name "mine-helper")\n')
+    rules.write_text(
+        "(ruleset mine)\n(constructor Mine (Tensor) Tensor)\n"
+        '(rewrite (Unary op x) (Mine x) :ruleset mine :name "mine-helper")\n'
+    )
     gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
     x = torch.randn(4)
     optimized = optimize_graph(gm, (x,), rule_files=[str(rules)], raise_on_error=True)

@@ -99,8 +99,12 @@ def test_torch_compile_mode_and_options_reach_the_backend(monkeypatch):
 
     def recording(gm, example_inputs, config_patches=None, **kwargs):
         # (compile_fx calls itself again under its patches: the config in force counts)
-        seen.append({key: (config_patches or {}).get(key, torch._inductor.config.get_config_copy()[key])
-                     for key in ("cpp.simdlen", "max_autotune")})
+        seen.append(
+            {
+                key: (config_patches or {}).get(key, torch._inductor.config.get_config_copy()[key])
+                for key in ("cpp.simdlen", "max_autotune")
+            }
+        )
         return real(gm, example_inputs, config_patches=config_patches, **kwargs)
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", recording)
@@ -108,8 +112,9 @@ def test_torch_compile_mode_and_options_reach_the_backend(monkeypatch):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     x = torch.randn(4, 8)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="optimus_eqsat",
-                             options={"measure": False, "extractor": "greedy", "cpp.simdlen": 0})
+    compiled = torch.compile(
+        model, backend="optimus_eqsat", options={"measure": False, "extractor": "greedy", "cpp.simdlen": 0}
+    )
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
     assert seen and all(p.get("cpp.simdlen") == 0 for p in seen)
@@ -124,7 +129,9 @@ def test_torch_compile_mode_and_options_reach_the_backend(monkeypatch):
     assert seen and all(p.get("max_autotune") is True for p in seen)
 
     assert backend_module.backend_options("reduce-overhead", {"freezing": True, "measure": False}) == {
-        "measure": False, "inductor_config": {"triton.cudagraphs": True, "freezing": True}}
+        "measure": False,
+        "inductor_config": {"triton.cudagraphs": True, "freezing": True},
+    }
     with pytest.raises(ValueError, match="unknown option 'bogus'"):
         backend_module.backend_options(None, {"bogus": 1})
     with pytest.raises(ValueError, match="not Inductor configs"):

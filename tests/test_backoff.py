@@ -94,7 +94,7 @@ def test_saturation_reports_bans_and_saturates_only_without_them():
     for ban in sat.backoff_bans:
         # left out of the next iteration, and back (matching again) later
         assert ban.rule in sat.history[ban.iteration]["backoff_banned"]
-        later = sat.history[ban.iteration + 1:]
+        later = sat.history[ban.iteration + 1 :]
         assert any(ban.rule not in h["backoff_banned"] for h in later)
     assert sat.times_banned == {rule: sum(b.rule == rule for b in sat.backoff_bans) for rule in sat.times_banned}
     assert sat.stop_reason is StopReason.SATURATED

@@ -87,8 +87,9 @@ def test_cyclic_runs_need_a_cat_dim_a_repeated_cycle_and_a_window_inside_the_sou
     four = swapped + pieces([(34, 36), (30, 34), (36, 40)])
     assert [(r.start, r.stop) for r in find_runs(t, four, cat_dim=1)][0] == (0, 12)
     t = _translation({0: (2, 38)})
-    assert [(r.start, r.stop) for r in find_runs(t, swapped + pieces([(34, 36), (30, 34), (36, 38)]),
-                                                 cat_dim=1)][0] == (0, 9)
+    assert [(r.start, r.stop) for r in find_runs(t, swapped + pieces([(34, 36), (30, 34), (36, 38)]), cat_dim=1)][
+        0
+    ] == (0, 9)
 
 
 def test_strided_runs_over_a_zero_padded_source_reach_its_last_piece():
@@ -152,8 +153,9 @@ def test_random_cyclic_and_strided_runs_rebuild_their_items(seed):
     t = Translation(gm=None, nodes=[])
     t.shapes.update({src: (3, size), other: (3, 2)})
     x, y = torch.randn(3, size, generator=g), torch.randn(3, 2, generator=g)
-    spans = [(base + k * stride + starts[i], base + k * stride + starts[i] + widths[i])
-             for k in range(reps) for i in order]
+    spans = [
+        (base + k * stride + starts[i], base + k * stride + starts[i] + widths[i]) for k in range(reps) for i in order
+    ]
     ids = {}
     for a, b in spans:  # one FX value per slice
         ids[(a, b)] = len(t.shapes) + 10
@@ -179,8 +181,9 @@ def test_random_cyclic_and_strided_runs_rebuild_their_items(seed):
         tensors[ids[(a, b)]] = x[:, a:b]
     stack_items = [make_item(t, Id(ids[s]), {}) for s in equal]
     for term in stack_terms(t, stack_items, facts.append):
-        torch.testing.assert_close(_evaluate(term, tensors, facts, t.registry),
-                                   torch.stack([x[:, a:b] for a, b in equal]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            _evaluate(term, tensors, facts, t.registry), torch.stack([x[:, a:b] for a, b in equal]), rtol=0, atol=0
+        )
 
 
 class PermutedBlocks(nn.Module):

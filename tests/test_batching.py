@@ -110,11 +110,14 @@ def batched_program(fn, *example, cost=launch_count_cost):
     return program, run.report
 
 
-@pytest.mark.parametrize("module, shape, op, kind", [
-    (Towers(), (4, FEATURES * WIDTH), "matmul", "batch-linear"),
-    (SharedInput(), (4, WIDTH), "linear", "batch-linear_lhs"),
-    (Norms(), (4, FEATURES * WIDTH), "layer_norm", "batch-layer_norm"),
-])
+@pytest.mark.parametrize(
+    "module, shape, op, kind",
+    [
+        (Towers(), (4, FEATURES * WIDTH), "matmul", "batch-linear"),
+        (SharedInput(), (4, WIDTH), "linear", "batch-linear_lhs"),
+        (Norms(), (4, FEATURES * WIDTH), "layer_norm", "batch-layer_norm"),
+    ],
+)
 def test_batched_alternative_is_correct(module, shape, op, kind):
     program, report = batched_program(module, torch.randn(*shape))
     assert report.batched.get(kind), report.batched
@@ -246,4 +249,7 @@ def test_report_describes_the_extraction_refine_kept():
     assert run.report.refine_tried  # variants ran (greedy), then one extraction was kept
     kept = run.extraction
     assert (run.report.extractor, run.report.extraction_cost, run.report.optimal) == (
-        kept.extractor, kept.cost, kept.optimal)
+        kept.extractor,
+        kept.cost,
+        kept.optimal,
+    )

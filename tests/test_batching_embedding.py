@@ -102,9 +102,11 @@ def optimize(model: nn.Module, inputs: tuple, **options) -> torch.fx.GraphModule
 
 
 def lookups(gm: torch.fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes
-               if n.target is F.embedding or (n.op == "call_module" and isinstance(gm.get_submodule(n.target),
-                                                                                 nn.Embedding)))
+    return sum(
+        1
+        for n in gm.graph.nodes
+        if n.target is F.embedding or (n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Embedding))
+    )
 
 
 def launch_count_cost(c, node):
@@ -136,8 +138,9 @@ def test_lookups_are_batched_on_gpu():
     batched lookup (tables' cat, index cat + shift, one gather) is fewer."""
     few = optimize(Lookups(), indices(bag=3), profile="h100")
     assert lookups(few) == len(ROWS) and few.meta["optimus_eqsat"].launches_before == 1
-    idx = torch.stack([torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t))
-                       for t in range(MANY)], dim=1)
+    idx = torch.stack(
+        [torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t)) for t in range(MANY)], dim=1
+    )
     many = optimize(ManyLookups(), (idx,), profile="h100")
     report = many.meta["optimus_eqsat"]
     assert report.batched.get("batch-embedding") == MANY
@@ -198,8 +201,11 @@ def test_tables_of_other_widths_are_separate_groups():
 
 def test_dynamo_graph_functional_embedding():
     model = ManyLookups()
-    inputs = (torch.stack([torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t))
-                           for t in range(MANY)], dim=1),)
+    inputs = (
+        torch.stack(
+            [torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t)) for t in range(MANY)], dim=1
+        ),
+    )
     captured = []
 
     def backend(gm, example_inputs):
@@ -222,11 +228,15 @@ def test_dynamo_graph_functional_embedding():
 def test_tables_are_never_copied_per_step_when_parameters_are_not_frozen(mode):
     """Without freezing the tables' concatenation would copy every table on every step:
     the lookups stay apart (Inductor fuses them into its generated code anyway)."""
-    idx = torch.stack([torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t))
-                       for t in range(MANY)], dim=1)
+    idx = torch.stack(
+        [torch.randint(0, 5 + t, (3,), generator=torch.Generator().manual_seed(t)) for t in range(MANY)], dim=1
+    )
     gm = torch.fx.symbolic_trace(ManyLookups())
     optimized = optimize_graph(gm, (idx,), raise_on_error=True, profile="h100", mode=mode)
     assert not optimized.meta["optimus_eqsat"].batched.get("batch-embedding")
     assert lookups(optimized) == MANY
-    assert not any(n.target is torch.cat and any(a.op == "get_attr" for a in n.args[0])
-                   for n in optimized.graph.nodes if n.op == "call_function")
+    assert not any(
+        n.target is torch.cat and any(a.op == "get_attr" for a in n.args[0])
+        for n in optimized.graph.nodes
+        if n.op == "call_function"
+    )

@@ -31,8 +31,11 @@ def _joint_relu_graph(mask_source: str) -> tuple[torch.fx.Graph, torch.fx.Node]:
     ``relu`` (which the weight gradient reads) or from a random tensor (a dropout's)."""
     x, w, g = torch.randn(4, 3), torch.randn(3, 2), torch.randn(4, 2)
     graph = torch.fx.Graph()
-    px, pw, tangent = _placeholder(graph, "primals_1", x), _placeholder(graph, "primals_2", w), \
-        _placeholder(graph, "tangents_1", g)
+    px, pw, tangent = (
+        _placeholder(graph, "primals_1", x),
+        _placeholder(graph, "primals_2", w),
+        _placeholder(graph, "tangents_1", g),
+    )
     relu = _node(graph, aten.relu.default, (px,), x.relu())
     out = _node(graph, aten.mm.default, (relu, pw), x.relu() @ w)
     source = relu if mask_source == "relu" else _node(graph, aten.rand_like.default, (px,), torch.rand(4, 3))
@@ -66,8 +69,11 @@ def test_mask_of_a_piece_of_a_saved_cat_reads_the_cat():
     """Experts concatenated for a gate: the piece's mask is recomputed from the cat's slice."""
     a, b, g = torch.randn(4, 3), torch.randn(4, 2), torch.randn(4, 5)
     graph = torch.fx.Graph()
-    pa, pb, tangent = _placeholder(graph, "primals_1", a), _placeholder(graph, "primals_2", b), \
-        _placeholder(graph, "tangents_1", g)
+    pa, pb, tangent = (
+        _placeholder(graph, "primals_1", a),
+        _placeholder(graph, "primals_2", b),
+        _placeholder(graph, "tangents_1", g),
+    )
     ra = _node(graph, aten.relu.default, (pa,), a.relu())
     rb = _node(graph, aten.relu.default, (pb,), b.relu())
     cat = _node(graph, aten.cat.default, ([ra, rb], 1), torch.cat([a.relu(), b.relu()], 1))
@@ -97,8 +103,9 @@ class _Experts(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.ReLU())
-                                     for _ in range(3))
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.ReLU()) for _ in range(3)
+        )
         self.gate = nn.Linear(8, 12)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,8 +155,7 @@ def test_dynamic_batch_and_symbolic_cat_are_safe():
     torch.manual_seed(0)
     model = CatOnBatch()
     reference = copy.deepcopy(model)
-    compiled = torch.compile(model, backend=make_backend(pre_grad=False, post_grad=False, measure=False),
-                             dynamic=True)
+    compiled = torch.compile(model, backend=make_backend(pre_grad=False, post_grad=False, measure=False), dynamic=True)
     for rows in (5, 9):
         x, y = torch.randn(rows, 8), torch.randn(rows + 1, 8)
         model.zero_grad(), reference.zero_grad()
@@ -205,8 +211,11 @@ def test_mask_of_a_piece_of_a_cat_built_from_the_mask_keeps_its_source():
     mask keeps reading its piece (experts with batch norm and dropout made one)."""
     a, b, g = torch.randn(4, 3), torch.randn(4, 3), torch.randn(4, 6)
     graph = torch.fx.Graph()
-    pa, pb, tangent = _placeholder(graph, "primals_1", a), _placeholder(graph, "primals_2", b), \
-        _placeholder(graph, "tangents_1", g)
+    pa, pb, tangent = (
+        _placeholder(graph, "primals_1", a),
+        _placeholder(graph, "primals_2", b),
+        _placeholder(graph, "tangents_1", g),
+    )
     ra = _node(graph, aten.relu.default, (pa,), a.relu())
     mask = _node(graph, aten.le.Scalar, (ra, 0), a <= 0)
     masked = _node(graph, aten.where.self, (mask, 0.0, pb), torch.where(a <= 0, 0.0, b))

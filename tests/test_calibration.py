@@ -42,6 +42,7 @@ def _cache(tmp_path, monkeypatch):
 
 # -- regression --------------------------------------------------------------
 
+
 def _families(ks=(1, 4, 16, 64)) -> list[Counts]:
     """The counts of the calibration families (see programs.py)."""
     rows = []
@@ -50,14 +51,26 @@ def _families(ks=(1, 4, 16, 64)) -> list[Counts]:
     return rows
 
 
-TRUE = {"call_s": 20e-6, "generated_kernel_s": 0.4e-6, "extern_call_s": 1.1e-6, "custom_op_s": 11e-6,
-        "alloc_s": 0.35e-6}
+TRUE = {
+    "call_s": 20e-6,
+    "generated_kernel_s": 0.4e-6,
+    "extern_call_s": 1.1e-6,
+    "custom_op_s": 11e-6,
+    "alloc_s": 0.35e-6,
+}
 
 
-def _synthetic_times(counts: list[Counts], rounds: int, noise: float, spikes: float = 0.0,
-                     seed: int = 0) -> np.ndarray:
-    exact = np.array([TRUE["call_s"] + c.generated * TRUE["generated_kernel_s"] + c.extern * TRUE["extern_call_s"]
-                      + c.custom * TRUE["custom_op_s"] + c.alloc * TRUE["alloc_s"] for c in counts])
+def _synthetic_times(counts: list[Counts], rounds: int, noise: float, spikes: float = 0.0, seed: int = 0) -> np.ndarray:
+    exact = np.array(
+        [
+            TRUE["call_s"]
+            + c.generated * TRUE["generated_kernel_s"]
+            + c.extern * TRUE["extern_call_s"]
+            + c.custom * TRUE["custom_op_s"]
+            + c.alloc * TRUE["alloc_s"]
+            for c in counts
+        ]
+    )
     rng = np.random.default_rng(seed)
     # multiplicative noise plus rare preemption spikes, as on a shared machine
     times = exact * (1 + noise * rng.standard_normal((rounds, len(counts))))
@@ -110,6 +123,7 @@ def test_regression_refuses_inseparable_programs():
 
 # -- programs and counts -----------------------------------------------------
 
+
 def test_program_counts_from_code():
     code = (
         "cpp_fused_relu_0 = async_compile.cpp_pybinding(['float*'], '''...''')\n"
@@ -135,15 +149,30 @@ def test_compiled_program_counts_are_checked():
 
 # -- profiles and store ------------------------------------------------------
 
+
 def _profile(**changes) -> CalibratedProfile:
     base = dict(
-        device="Test CPU 9000", device_kind="cpu", dtype="float32", torch_version=torch.__version__, threads=1,
-        created="2026-01-01T00:00:00+00:00", call_s=20e-6, generated_kernel_s=0.4e-6, extern_call_s=1e-6,
-        alloc_s=0.3e-6, custom_op_s=10e-6, mem_bandwidth_bytes_per_s=20e9, pointwise_flops_per_s=30e9,
-        matmul=(MatmulEntry("mm", 1, 32, 16, 16, 2e-6, 1e-6, 16384 / 1e-6, True),
-                MatmulEntry("mm", 1, 256, 256, 256, 4e-4, 4e-4, 2 * 256**3 / 4e-4),
-                MatmulEntry("bmm", 8, 32, 64, 64, 2e-5, 1.5e-5, 2 * 8 * 32 * 64 * 64 / 1.5e-5)),
-        source={"call_s": "measured"}, spread={"call_s": 1e-6}, fit={"counts_verified": True},
+        device="Test CPU 9000",
+        device_kind="cpu",
+        dtype="float32",
+        torch_version=torch.__version__,
+        threads=1,
+        created="2026-01-01T00:00:00+00:00",
+        call_s=20e-6,
+        generated_kernel_s=0.4e-6,
+        extern_call_s=1e-6,
+        alloc_s=0.3e-6,
+        custom_op_s=10e-6,
+        mem_bandwidth_bytes_per_s=20e9,
+        pointwise_flops_per_s=30e9,
+        matmul=(
+            MatmulEntry("mm", 1, 32, 16, 16, 2e-6, 1e-6, 16384 / 1e-6, True),
+            MatmulEntry("mm", 1, 256, 256, 256, 4e-4, 4e-4, 2 * 256**3 / 4e-4),
+            MatmulEntry("bmm", 8, 32, 64, 64, 2e-5, 1.5e-5, 2 * 8 * 32 * 64 * 64 / 1.5e-5),
+        ),
+        source={"call_s": "measured"},
+        spread={"call_s": 1e-6},
+        fit={"counts_verified": True},
     )
     base.update(changes)
     return CalibratedProfile(**base)
@@ -247,6 +276,7 @@ def test_cli_show_prints_the_profile_in_use(capsys):
 
 # -- end to end --------------------------------------------------------------
 
+
 def test_calibrate_pipeline_on_a_small_plan(monkeypatch):
     """The whole pipeline (compile, count, time, fit, throughputs, matmul table) on
     a plan smaller than --quick."""
@@ -254,8 +284,16 @@ def test_calibrate_pipeline_on_a_small_plan(monkeypatch):
 
     # (host rounds of 1 ms, 21 of them: with 9 of 0.5 ms a CI run under load once fitted a
     # generated kernel at -0.3 us, past the pipeline's own retries)
-    small = run.Plan(ks=(1, 4, 16), host_rounds=21, matmul_shapes=(("mm", 1, 64, 64, 64),), matmul_rounds=3,
-                     bandwidth_bytes=8 << 20, flops_numel=1 << 12, flops_depth=8, target_s=1e-3)
+    small = run.Plan(
+        ks=(1, 4, 16),
+        host_rounds=21,
+        matmul_shapes=(("mm", 1, 64, 64, 64),),
+        matmul_rounds=3,
+        bandwidth_bytes=8 << 20,
+        flops_numel=1 << 12,
+        flops_depth=8,
+        target_s=1e-3,
+    )
     monkeypatch.setattr(run, "plan_for", lambda device, quick: small)
     threads = torch.get_num_threads()
     profile = calibrate("cpu", "float32", threads=1, clock="cpu")
@@ -279,8 +317,15 @@ def test_quick_calibration_end_to_end(tmp_path, capsys, request):
     assert "stored in" in out
     profile = load_profile("cpu", torch.float32, threads=1)
     assert profile is not None and profile.fit["quick"] and profile.fit["counts_verified"]
-    for field in ("call_s", "generated_kernel_s", "extern_call_s", "alloc_s", "custom_op_s",
-                  "mem_bandwidth_bytes_per_s", "pointwise_flops_per_s"):
+    for field in (
+        "call_s",
+        "generated_kernel_s",
+        "extern_call_s",
+        "alloc_s",
+        "custom_op_s",
+        "mem_bandwidth_bytes_per_s",
+        "pointwise_flops_per_s",
+    ):
         assert getattr(profile, field) > 0, field
     assert profile.call_s > profile.extern_call_s > 0
     programs = profile.fit["programs"]

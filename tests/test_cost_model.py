@@ -29,6 +29,7 @@ from optimus_eqsat.inductor_count import capture_dynamo_graphs
 
 # ---------------------------------------------------------------- profiles
 
+
 def test_profiles_documented_and_overridable():
     assert {"h100", "h200", "a100", "cpu"} <= set(PROFILES)
     assert PROFILES["h200"].mem_bandwidth_bytes_per_s > PROFILES["h100"].mem_bandwidth_bytes_per_s
@@ -40,8 +41,14 @@ def test_profiles_documented_and_overridable():
 
 
 def test_kernel_time_roofline():
-    p = DeviceProfile("t", launch_overhead_s=1.0, mem_bandwidth_bytes_per_s=10.0,
-                      matmul_flops_per_s=100.0, pointwise_flops_per_s=10.0, bandwidth_efficiency=1.0)
+    p = DeviceProfile(
+        "t",
+        launch_overhead_s=1.0,
+        mem_bandwidth_bytes_per_s=10.0,
+        matmul_flops_per_s=100.0,
+        pointwise_flops_per_s=10.0,
+        bandwidth_efficiency=1.0,
+    )
     assert kernel_time(p, K.VIEW, 1e9, 1e9) == 0.0
     assert kernel_time(p, K.NONE, 1e9, 1e9) == 0.0
     assert kernel_time(p, K.POINTWISE, 20, 10) == pytest.approx(3.0)  # memory bound
@@ -50,12 +57,26 @@ def test_kernel_time_roofline():
 
 
 def test_step_time_is_serial_on_a_cpu_and_overlapped_on_a_gpu():
-    serial = DeviceProfile("s", launch_overhead_s=1.0, mem_bandwidth_bytes_per_s=1.0, matmul_flops_per_s=1.0,
-                           pointwise_flops_per_s=1.0, call_s=10.0, overlap=False)
+    serial = DeviceProfile(
+        "s",
+        launch_overhead_s=1.0,
+        mem_bandwidth_bytes_per_s=1.0,
+        matmul_flops_per_s=1.0,
+        pointwise_flops_per_s=1.0,
+        call_s=10.0,
+        overlap=False,
+    )
     costs = [(1.0, 5.0), (1.0, 5.0), (1.0, 5.0)]
     assert step_seconds(serial, costs) == 10.0 + 18.0
-    overlapped = DeviceProfile("o", launch_overhead_s=1.0, mem_bandwidth_bytes_per_s=1.0, matmul_flops_per_s=1.0,
-                               pointwise_flops_per_s=1.0, call_s=10.0, overlap=True)
+    overlapped = DeviceProfile(
+        "o",
+        launch_overhead_s=1.0,
+        mem_bandwidth_bytes_per_s=1.0,
+        matmul_flops_per_s=1.0,
+        pointwise_flops_per_s=1.0,
+        call_s=10.0,
+        overlap=True,
+    )
     assert step_seconds(overlapped, costs) == 10.0 + 1.0 + 15.0  # device-bound: launches hide behind it
     assert step_seconds(overlapped, [(5.0, 1.0)] * 3) == 10.0 + 15.0 + 1.0  # host-bound
 
@@ -76,6 +97,7 @@ def test_profile_follows_the_inputs_device():
 
 
 # ---------------------------------------------------------------- modules
+
 
 class Block(nn.Module):
     def __init__(self):
@@ -139,11 +161,13 @@ def test_classify_aten_export_graph():
 def test_scalar_arithmetic_is_free():
     def f(x):
         return x.view(x.size(0) * 2, -1).relu()
+
     (gm,) = capture_dynamo_graphs(f, (torch.randn(4, 6),))
     assert predicted_launches(gm) == 1
 
 
 # ---------------------------------------------------------- launch counts
+
 
 def _launches(fn, *inputs, profile="h100"):
     gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
@@ -208,6 +232,7 @@ def test_predicted_launches_tiny(module, inputs, expected, profile):
 def test_triton_reductions_of_different_shapes_do_not_fuse():
     def f(x):
         return x.sum(0), x.sum(1)
+
     (gm,) = capture_dynamo_graphs(f, (torch.randn(4, 8),))
     assert predicted_launches(gm, profile="h100") == 2
     assert predicted_launches(gm, profile="cpu") == 1  # one C++ kernel
@@ -219,8 +244,9 @@ def test_kernel_details_and_time():
     assert [k.kind for k in kernels] == [K.MATMUL, K.POINTWISE]
     assert "addmm" in kernels[0].note and kernels[0].flops == 2 * 4 * 8 * 8
     h100 = get_profile("h100")
-    assert all(k.bytes_moved > 0 and k.host_s >= h100.launch_overhead_s and k.seconds == k.host_s + k.device_s
-               for k in kernels)
+    assert all(
+        k.bytes_moved > 0 and k.host_s >= h100.launch_overhead_s and k.seconds == k.host_s + k.device_s for k in kernels
+    )
     t_h100 = predicted_time(gm, (torch.randn(4, 8),), profile="h100")
     assert t_h100 == pytest.approx(step_seconds(h100, [(k.host_s, k.device_s) for k in kernels]))
     assert t_h100 > h100.call_s + sum(k.host_s for k in kernels)  # the last kernel's device time ends the step
@@ -241,6 +267,7 @@ def test_tiny_matmul_decomposed_on_cpu():
 # Each expected count below is what Inductor emitted on the CPU (torch 2.13,
 # generated + extern calls); the rule named in the comment is the one without
 # which the model mispredicted it.
+
 
 class StackGate(nn.Module):
     """relu feeding a stack and a gated sum: no fusion through a CPU cat."""
@@ -334,6 +361,7 @@ def test_stack_gate_against_inductor():
 # H200); the rule numbers are those of extract/fusion.py and its strategies
 # (rules 8-11: extract/fusion_triton.py).
 
+
 def _gpu(fn, *inputs):
     (gm,) = capture_dynamo_graphs(fn, inputs)
     return [k.note for k in predict_kernels(gm, profile="h200")]
@@ -343,6 +371,7 @@ def test_triton_layer_norm_under_unroll_threshold_is_two_kernels():
     """Rule 8: dynamic_schema's width-4 layer norms are a statistics kernel
     plus an output kernel (unroll_reductions_threshold = 8); widths 8 and 16
     are one persistent reduction each."""
+
     def norm(x):
         return torch.nn.functional.layer_norm(x, (x.shape[-1],))
 
@@ -394,6 +423,7 @@ def test_triton_stack_of_unbind_items_and_their_tanh_is_one_kernel():
     """Rule 10 + horizontal fusion: dynamic_schema's unbind -> stack round trip
     and stack of tanh'd items are one kernel with two outputs
     (triton_poi_fused_stack_tanh_unbind), realized into the final cat's slices."""
+
     def seq(x):
         items = torch.unbind(x, 1)
         plain = torch.stack(items, 1).flatten(1)
@@ -482,7 +512,8 @@ def test_list_cells_repriced_by_the_lists_the_extraction_chose():
     launch = get_profile("h100").launch_s(K.CAT)
     cells = [c for c in range(nil + 1, len(eg.classes))]
     assert sum(repriced.classes[c][0].cost for c in cells) == pytest.approx(
-        4 * CELL_LAUNCH_SHARE * launch + launch + 8 * VIEW_COST)
+        4 * CELL_LAUNCH_SHARE * launch + launch + 8 * VIEW_COST
+    )
     assert repriced.classes[head][1].cost == VIEW_COST  # the one-item list stays free
     short = {head: 1, nil: 0, 1: 0, 0: 0}
     assert chosen_list_lengths(eg.classes, short)[head] == 1
@@ -498,8 +529,12 @@ def test_pointwise_ops_are_priced_like_fused_elementwise():
     from optimus_eqsat.extract.egraph_cost import FUSED_LAUNCH_SHARE, EGraphCost
 
     eg = ExportedEGraph()
-    eg.classes = [[TermNode("Leaf", (0,))], [TermNode("Op1", ("pad", ClassRef(0)))],
-                  [TermNode("Unary", ("relu", ClassRef(0)))], [TermNode("Op1", ("mm", ClassRef(0)))]]
+    eg.classes = [
+        [TermNode("Leaf", (0,))],
+        [TermNode("Op1", ("pad", ClassRef(0)))],
+        [TermNode("Unary", ("relu", ClassRef(0)))],
+        [TermNode("Op1", ("mm", ClassRef(0)))],
+    ]
     kinds = {"pad": "pointwise", "relu": "pointwise", "mm": "matmul"}
     cost = EGraphCost({c: (4, 4) for c in range(4)}, kinds.get, "h100", eg.input_classes(), eg.list_lengths())
     launch = get_profile("h100").launch_s(K.POINTWISE)
@@ -511,6 +546,7 @@ def test_pointwise_ops_are_priced_like_fused_elementwise():
 def test_views_listed_before_their_source_are_priced_as_in_order():
     """Inductor's own post-grad passes (split_cat_aten) leave a view before the select it reads
     (seen on ple's training graph): the fusion model follows the view to its base anyway."""
+
     def fn(x):
         return torch.relu(torch.select(x, 0, 1).unsqueeze(0) * 2)
 

@@ -2,6 +2,7 @@
 out-of-place and eval-mode batch norms made elementwise, so MLP experts written as the
 recommendation libraries write them (Linear, BatchNorm1d, ReLU(inplace=True)) batch;
 numerics and gradients against eager, and the cases that must stay as they are."""
+
 from __future__ import annotations
 
 import copy
@@ -24,9 +25,17 @@ class Experts(nn.Module):
     def __init__(self, n: int = 4, width: int = 8, dropout: float = 0.1):
         super().__init__()
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True), nn.Dropout(dropout),
-                          nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True))
-            for _ in range(n))
+            nn.Sequential(
+                nn.Linear(16, width),
+                nn.BatchNorm1d(width),
+                nn.ReLU(inplace=True),
+                nn.Dropout(dropout),
+                nn.Linear(width, width),
+                nn.BatchNorm1d(width),
+                nn.ReLU(inplace=True),
+            )
+            for _ in range(n)
+        )
         for m in self.modules():
             if isinstance(m, nn.BatchNorm1d):  # statistics far from the identity
                 nn.init.normal_(m.weight)
@@ -83,8 +92,10 @@ def test_experts_train_with_their_gradients():
     # A training norm writes its statistics, not its result: the ReLU writing into that result
     # is private, so nothing but the statistics' updates stays opaque, and the experts batch.
     [report] = backend.reports
-    assert all(why == "reads or writes mutated memory" and name.startswith("_foreach")
-               for name, why in report.opaque_nodes.items()), report.opaque_nodes
+    assert all(
+        why == "reads or writes mutated memory" and name.startswith("_foreach")
+        for name, why in report.opaque_nodes.items()
+    ), report.opaque_nodes
     assert report.batched.get("batch-linear", 0) >= 8 and report.launches_after < report.launches_before
 
 

@@ -112,18 +112,22 @@ def _run_case(case: str, rank: int, world: int) -> dict:
         compiled = torch.compile(model, backend="optimus_eqsat")
         reports = len(_DEFAULT.reports)
         _train(model, compiled, batches, lambda batch: batch.chunk(world)[rank])
-    flat = torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1)
-                      for p in model.parameters()])
+    flat = torch.cat(
+        [(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1) for p in model.parameters()]
+    )
     gathered = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(gathered, flat)
     ours = _DEFAULT.reports[reports:]
-    return {"eager_difference": _max_difference(model, reference),
-            "identical": all(torch.equal(gathered[0], other) for other in gathered[1:]),
-            "graphs": len(ours), "measured": [r.measured.summary() for r in ours if r.measured is not None],
-            "from_cache": sum(r.from_cache for r in ours),
-            "ddp_pieces": [r.ddp_pieces for r in ours if r.ddp_pieces is not None],
-            "compile_split": [r.compile_split() for r in ours if r.ddp_pieces is not None],
-            "batched": [sum(r.batched.values()) for r in ours if not r.fell_back or r.measured is not None]}
+    return {
+        "eager_difference": _max_difference(model, reference),
+        "identical": all(torch.equal(gathered[0], other) for other in gathered[1:]),
+        "graphs": len(ours),
+        "measured": [r.measured.summary() for r in ours if r.measured is not None],
+        "from_cache": sum(r.from_cache for r in ours),
+        "ddp_pieces": [r.ddp_pieces for r in ours if r.ddp_pieces is not None],
+        "compile_split": [r.compile_split() for r in ours if r.ddp_pieces is not None],
+        "batched": [sum(r.batched.values()) for r in ours if not r.fell_back or r.measured is not None],
+    }
 
 
 class Checkpointed(Experts):
@@ -161,15 +165,19 @@ def _run_local_case(case: str) -> dict:
         _train(model, torch.compile(model, backend="optimus_eqsat"), batches, lambda batch: batch)
     torch._dynamo.reset()
     ours = _DEFAULT.reports[start:]
-    return {"eager_difference": _max_difference(model, reference), "graphs": len(ours),
-            "failed": [r.fallback_reason for r in ours if "measurement failed" in (r.fallback_reason or "")],
-            "untimed": [r.measured.reason for r in ours if r.measured is not None and not r.measured.rounds]}
+    return {
+        "eager_difference": _max_difference(model, reference),
+        "graphs": len(ours),
+        "failed": [r.fallback_reason for r in ours if "measurement failed" in (r.fallback_reason or "")],
+        "untimed": [r.measured.reason for r in ours if r.measured is not None and not r.measured.rounds],
+    }
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=90))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=90)
+    )
     try:
         for case in DISTRIBUTED_CASES:
             _record(out, f"{case}.{rank}", lambda: _run_case(case, rank, world))
@@ -202,8 +210,9 @@ def distributed_results(tmp_path_factory) -> Path:
     saved = {k: os.environ.get(k) for k in ("OPTIMUS_EQSAT_CACHE", "OPTIMUS_EQSAT_CACHE_DIR")}
     os.environ.update(OPTIMUS_EQSAT_CACHE="1", OPTIMUS_EQSAT_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
     try:
-        context = mp.start_processes(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False,
-                                     start_method="spawn")
+        context = mp.start_processes(
+            _worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn"
+        )
     finally:
         for k, v in saved.items():
             if v is None:

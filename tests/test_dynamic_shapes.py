@@ -152,7 +152,9 @@ def test_cost_model_prices_symbolic_sizes_at_their_hint():
     static = _capture(model, x, dynamic=False)
     dynamic = _capture(model, x, dynamic=True)
     kernels_s, kernels_d = (predict_kernels(*g, "h100") for g in (static, dynamic))
-    assert [(k.kind, k.bytes_moved, k.flops) for k in kernels_d] == [(k.kind, k.bytes_moved, k.flops) for k in kernels_s]
+    assert [(k.kind, k.bytes_moved, k.flops) for k in kernels_d] == [
+        (k.kind, k.bytes_moved, k.flops) for k in kernels_s
+    ]
     assert [k.seconds for k in kernels_d] == pytest.approx([k.seconds for k in kernels_s], rel=1e-9)
     objective = Objective.resolve("h100", "inference", *static)
     (launches_s, cost_s), (launches_d, cost_d) = (predict(*g, objective) for g in (static, dynamic))
@@ -202,8 +204,9 @@ def test_a_graph_that_slices_and_reshapes_the_symbolic_dim_keeps_working(every_d
     dynamic=True: every dim is symbolic (the split too stays opaque), and the reshape's
     sizes (2*s0, s1//2) are computed from the inputs."""
     x, y = torch.randn(12, 16), torch.randn(12, 16)  # (not 16 rows: Dynamo would duck-size both dims as one)
-    compiled, backend = _compile(_slices_the_batch, x, y, dynamic=True if every_dim else None,
-                                 mark=[] if every_dim else [(0, 0), (1, 0)])
+    compiled, backend = _compile(
+        _slices_the_batch, x, y, dynamic=True if every_dim else None, mark=[] if every_dim else [(0, 0), (1, 0)]
+    )
     report = backend.reports[0]
     assert not report.fell_back
     assert {"head", "middle", "getitem_7"} <= {name for name, why in report.opaque_nodes.items() if "symbolic" in why}
@@ -247,8 +250,9 @@ def _two_inputs(x, y):
 
 def test_batching_keys_compare_symbols():
     # two different symbols (s0, 16) and (s1, 16): never one batch
-    gm, example_inputs = _capture(_two_inputs, torch.randn(16, 16), torch.randn(12, 16), dynamic=None,
-                                  mark=[(0, 0), (1, 0)])
+    gm, example_inputs = _capture(
+        _two_inputs, torch.randn(16, 16), torch.randn(12, 16), dynamic=None, mark=[(0, 0), (1, 0)]
+    )
     report = optimize_graph(gm, example_inputs, raise_on_error=True, profile="cpu").meta["optimus_eqsat"]
     assert not report.batched
     # one symbol (Dynamo duck-sizes equal sizes under dynamic=True): batched
@@ -277,8 +281,9 @@ def test_embedding_lookups_batch_with_a_symbolic_batch():
     model = Lookups().eval()
     idx = torch.randint(0, 50, (16, 5, 3))
     with torch._inductor.config.patch(freezing=True), torch.no_grad():
-        static, dynamic = (optimize_graph(*_capture(model, idx, dynamic=d), raise_on_error=True, profile="cpu")
-                           for d in (False, True))
+        static, dynamic = (
+            optimize_graph(*_capture(model, idx, dynamic=d), raise_on_error=True, profile="cpu") for d in (False, True)
+        )
         s, d = static.meta["optimus_eqsat"], dynamic.meta["optimus_eqsat"]
         assert d.batched == s.batched and d.batched.get("batch-embedding") == 5 and not d.dropped_batches
         assert (d.launches_before, d.launches_after) == (s.launches_before, s.launches_after)
@@ -319,8 +324,9 @@ def test_two_symbolic_sizes_in_one_reshape_are_read_from_the_inputs():
     gm, example_inputs = _capture(f, x.clone(), dynamic=None, mark=[(0, 0), (0, 1)])
     optimized = optimize_graph(gm, example_inputs, raise_on_error=True)
     reshapes = [n for n in optimized.graph.nodes if n.target in (torch.reshape, "view", "reshape")]
-    assert reshapes and all(any(isinstance(a, torch.fx.Node) for a in n.args[1]) for n in reshapes
-                            if isinstance(n.args[1], (list, tuple)))
+    assert reshapes and all(
+        any(isinstance(a, torch.fx.Node) for a in n.args[1]) for n in reshapes if isinstance(n.args[1], (list, tuple))
+    )
     compiled, backend = _compile(f, x, dynamic=None, mark=[(0, 0), (0, 1)])
     for shape in ((3, 4, 16), (11, 7, 16)):
         assert_same_numerics(f, compiled, (torch.randn(*shape),))

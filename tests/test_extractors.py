@@ -77,15 +77,18 @@ def test_ilp_beats_greedy_where_a_multi_class_move_is_needed() -> None:
     # whose children (1, 6) are not yet in greedy's program; greedy's one-class
     # moves cannot see it (it returns 6.0).
     e = ENode
-    g = ExtractionGraph([
-        [e("a", (1, 6), 0.5), e("b", (2,), 2.0)],
-        [e("a", (4,), 0.5), e("b", (), 3.0)],
-        [e("a", (0, 6), 0.5), e("b", (), 3.0)],
-        [e("a", (2,), 1.0), e("b", (3,), 1.0)],
-        [e("a", (0,), 3.0), e("b", (3, 4, 4), 1.0)],
-        [e("a", (2, 2, 6), 0.0)],
-        [e("a", (), 1.0), e("b", (), 2.0), e("c", (), 0.5)],
-    ], [0, 3])
+    g = ExtractionGraph(
+        [
+            [e("a", (1, 6), 0.5), e("b", (2,), 2.0)],
+            [e("a", (4,), 0.5), e("b", (), 3.0)],
+            [e("a", (0, 6), 0.5), e("b", (), 3.0)],
+            [e("a", (2,), 1.0), e("b", (3,), 1.0)],
+            [e("a", (0,), 3.0), e("b", (3, 4, 4), 1.0)],
+            [e("a", (2, 2, 6), 0.0)],
+            [e("a", (), 1.0), e("b", (), 2.0), e("c", (), 0.5)],
+        ],
+        [0, 3],
+    )
     ilp = get_extractor("ilp").extract(g)
     greedy = get_extractor("greedy").extract(g)
     check(g, ilp)
@@ -287,10 +290,13 @@ def test_random_larger_graphs_ilp_never_worse() -> None:
 # ---------------------------------------------------------------- big graphs
 
 
-@pytest.mark.parametrize("make, optimum", [
-    (chain, lambda g: 1 + 0.5 * (len(g.classes) - 2)),
-    (wide, lambda g: 1 + 0.5 * (len(g.classes) - 2)),  # everyone shares S
-])
+@pytest.mark.parametrize(
+    "make, optimum",
+    [
+        (chain, lambda g: 1 + 0.5 * (len(g.classes) - 2)),
+        (wide, lambda g: 1 + 0.5 * (len(g.classes) - 2)),  # everyone shares S
+    ],
+)
 def test_greedy_handles_100k_nodes(make, optimum) -> None:
     # CPU time of this process, not wall time: bounds the work, whatever else the machine runs
     g = make(100_000)
@@ -328,12 +334,16 @@ def _split_cat_egraph() -> ExtractionGraph:
     return _real_egraph(*split_cat_chain(1000))  # ~6,800 e-nodes, 143 slice/cat cycles
 
 
-@pytest.mark.parametrize("make", [
-    _split_cat_egraph,
-    lambda: _zoo_egraph("transformer"),  # tiny costs (1e-9 views): solved exactly only with scaled costs
-    lambda: _zoo_egraph("dlrm"),
-    lambda: _zoo_egraph("deepfm"),
-], ids=["split_cat_chain1000", "transformer", "dlrm", "deepfm"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        _split_cat_egraph,
+        lambda: _zoo_egraph("transformer"),  # tiny costs (1e-9 views): solved exactly only with scaled costs
+        lambda: _zoo_egraph("dlrm"),
+        lambda: _zoo_egraph("deepfm"),
+    ],
+    ids=["split_cat_chain1000", "transformer", "dlrm", "deepfm"],
+)
 def test_real_egraph_ilp_optimal_fast_and_not_worse_than_greedy(make) -> None:
     g = make()
     greedy = get_extractor("greedy").extract(g)
@@ -378,14 +388,19 @@ def test_reduce_for_ilp_is_exact_on_random_graphs() -> None:
             sub[reduced.class_orig[c]].append(reduced.node_local[n])
         # The best program over the kept nodes only costs the same as over all nodes.
         masked = ExtractionGraph(
-            [[nd if i in sub[c] else ENode(nd.op, nd.children, INF) for i, nd in enumerate(nodes)]
-             for c, nodes in enumerate(g.classes)], g.roots)
+            [
+                [nd if i in sub[c] else ENode(nd.op, nd.children, INF) for i, nd in enumerate(nodes)]
+                for c, nodes in enumerate(g.classes)
+            ],
+            g.roots,
+        )
         assert brute_force(masked) == pytest.approx(optimum)
         checked += 1
     assert checked >= 60
 
 
 # ------------------------------------------------------- ILP strengthening
+
 
 def _shared_expensive_child() -> ExtractionGraph:
     """T = {t1(R) 0, t2(F) 100}; R = {a(P) 0, b(Q) 0}; P = {p(E) 0}; Q = {q(E) 0}; E = {e 10}; F = {f 0}.
@@ -477,13 +492,16 @@ def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
     # B = {s1(X) 0, b 10}; C = {c 10}. Under cat, B is always there (both
     # lists hold it) and may not use X: cat and s1 conflict, cat/cons(A)/s0 form a triple.
     X, L, A, B, C = range(5)
-    g = ExtractionGraph([
-        [N("cat", L, cost=5), N("x", cost=10)],
-        [N("cons", A, B, cost=0), N("cons", C, B, cost=0)],
-        [N("s0", X, cost=0), N("a", cost=10)],
-        [N("s1", X, cost=0), N("b", cost=10)],
-        [N("c", cost=10)],
-    ], [X])
+    g = ExtractionGraph(
+        [
+            [N("cat", L, cost=5), N("x", cost=10)],
+            [N("cons", A, B, cost=0), N("cons", C, B, cost=0)],
+            [N("s0", X, cost=0), N("a", cost=10)],
+            [N("s1", X, cost=0), N("b", cost=10)],
+            [N("c", cost=10)],
+        ],
+        [X],
+    )
     cg = compact(g)
     conflicts = _cycle_conflicts(cg, _node_needs(cg, _needs(cg)))
     label = {n: g.classes[cg.class_orig[cg.node_class[n]]][cg.node_local[n]].op for n in range(cg.n_nodes)}
@@ -498,8 +516,9 @@ def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
 def _class_graph(cg):
     import networkx as nx
 
-    return nx.DiGraph([(cg.node_class[n], ch) for n, chs in enumerate(cg.node_children) for ch in chs
-                       if ch != cg.node_class[n]])
+    return nx.DiGraph(
+        [(cg.node_class[n], ch) for n, chs in enumerate(cg.node_children) for ch in chs if ch != cg.node_class[n]]
+    )
 
 
 def test_hubs_are_a_feedback_vertex_set_holding_their_cycles() -> None:
@@ -577,8 +596,9 @@ def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
     # X = {cat(L) 0, x 10}; L = {cons(A) 0}; A = {s(X) 0, a 10}: without acyclicity
     # rows the MIP takes the free cycle X -> L -> A -> X.
     X, L, A = range(3)
-    g = ExtractionGraph([[N("cat", L, cost=0), N("x", cost=10)], [N("cons", A, cost=0)],
-                         [N("s", X, cost=0), N("a", cost=10)]], [X])
+    g = ExtractionGraph(
+        [[N("cat", L, cost=0), N("x", cost=10)], [N("cons", A, cost=0)], [N("s", X, cost=0), N("a", cost=10)]], [X]
+    )
     cg = compact(g)
     n_x, n_c = cg.n_nodes, cg.n_classes
     model = _Model(n_x + n_c)
@@ -601,7 +621,9 @@ def test_reach_rows_alone_forbid_a_cycle_through_the_hub() -> None:
         cost[:n_x] = cg.node_cost
         integrality = np.zeros(size)
         integrality[: n_x + n_c] = 1
-        return milp(cost, integrality=integrality, bounds=Bounds(lb, ub), constraints=LinearConstraint(a, m.lo, m.hi)).fun
+        return milp(
+            cost, integrality=integrality, bounds=Bounds(lb, ub), constraints=LinearConstraint(a, m.lo, m.hi)
+        ).fun
 
     assert solve(model) == 0.0  # the cycle
     members = list(range(n_c))

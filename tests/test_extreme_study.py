@@ -1,5 +1,6 @@
 """The extreme study's generators, its floor programs and its row function (fast: a few
 features, no Inductor compile)."""
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,7 @@ def test_uniform_towers_forward_matches_a_per_tower_reference():
     (dense,) = spec.inputs(6, 1, 3)
     expected = []
     for i, tower in enumerate(model.towers):
-        x = dense[:, i * WIDTH: (i + 1) * WIDTH]
+        x = dense[:, i * WIDTH : (i + 1) * WIDTH]
         mean = x.mean(dim=1, keepdim=True)
         var = ((x - mean) ** 2).mean(dim=1, keepdim=True)
         normed = (x - mean) / torch.sqrt(var + tower.norm.eps) * tower.norm.weight + tower.norm.bias
@@ -76,8 +77,10 @@ def test_floor_needs_the_width_cycle():
 def test_study_row_at_a_few_features(tmp_path):
     """The row function end to end without Inductor's compile: predictions, the optimizer
     per profile and mode, training graphs, the ragged floor; then the tables."""
-    rows = [study_row("uniform", 3, StudyOptions(inductor_optimus=False, profiles=("h200",))),
-            study_row("ragged", 3, StudyOptions(training=False, profiles=("h200",)))]
+    rows = [
+        study_row("uniform", 3, StudyOptions(inductor_optimus=False, profiles=("h200",))),
+        study_row("ragged", 3, StudyOptions(training=False, profiles=("h200",))),
+    ]
     uniform, ragged = rows
     for row in rows:
         for variant in ("inf", "frozen"):
@@ -88,8 +91,9 @@ def test_study_row_at_a_few_features(tmp_path):
     assert uniform["h200_train_ours"] <= uniform["h200_train_default"] and uniform["opt_cpu_s_h200_train"] > 0
     assert "h200_train_ours" not in ragged and "inductor_passes_s" in ragged
     assert ragged["floor_frozen"] <= ragged["h200_frozen_default"] and ragged["floor_any_frozen"] <= 10
-    args = argparse.Namespace(generator="both", features="3", training="3", inductor="", batch=8,
-                              no_inductor_optimus=True, out=str(tmp_path))
+    args = argparse.Namespace(
+        generator="both", features="3", training="3", inductor="", batch=8, no_inductor_optimus=True, out=str(tmp_path)
+    )
     write_study(rows, args, tmp_path)
     text = (tmp_path / "extreme_study.md").read_text()
     assert "Predicted H200 launches" in text and "--generator both" in text
@@ -107,9 +111,18 @@ def test_ragged_programs_are_within_the_target_of_their_floor():
 
 
 def test_targets_judge_the_uniform_reductions():
-    row = {"generator": "uniform", "features": 2000, "h200_inf_default": 6000, "h200_inf_ours": 5,
-           "h200_inf_x": 1200.0, "h200_train_default": 16000, "h200_train_ours": 40, "h200_train_x": 400.0,
-           "opt_s_h200_inf": 12.0, "opt_cpu_s_h200_inf": 10.0}
+    row = {
+        "generator": "uniform",
+        "features": 2000,
+        "h200_inf_default": 6000,
+        "h200_inf_ours": 5,
+        "h200_inf_x": 1200.0,
+        "h200_train_default": 16000,
+        "h200_train_ours": 40,
+        "h200_train_x": 400.0,
+        "opt_s_h200_inf": 12.0,
+        "opt_cpu_s_h200_inf": 10.0,
+    }
     table = targets([row]).set_index("target")["met"]
     assert table["uniform 2000: inf launches reduction >= 1000x"]
     assert not table["uniform 2000: train launches reduction >= 500x"]

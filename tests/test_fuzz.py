@@ -69,6 +69,7 @@ FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
 }
 DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo")
 
+
 def _fuzz_options() -> dict[str, Any]:
     """Options for every fuzz call: raise instead of silently falling back, check
     every program the optimizer builds, and cap the ILP's time (it hit its 10 s default on graphs of ~1-3k e-nodes,
@@ -77,7 +78,11 @@ def _fuzz_options() -> dict[str, Any]:
     # never_worse=False: a program the cost model would refuse is checked too (else about
     # one graph in five would hand back the original and test nothing).
     opts: dict[str, Any] = {"raise_on_error": True, "never_worse": False}
-    known = {f.name for f in dataclasses.fields(getattr(optimus_eqsat, "OptimizeOptions", object))} if hasattr(optimus_eqsat, "OptimizeOptions") else set()
+    known = (
+        {f.name for f in dataclasses.fields(getattr(optimus_eqsat, "OptimizeOptions", object))}
+        if hasattr(optimus_eqsat, "OptimizeOptions")
+        else set()
+    )
     if "ilp_time_limit_s" in known:
         opts["ilp_time_limit_s"] = float(os.environ.get("OPTIMUS_FUZZ_ILP_TIME_S", "1.0"))
     return opts
@@ -135,7 +140,9 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str
     scale = max(1.0, float(expected.detach().abs().max())) if expected.numel() else 1.0
     eps = _eps(expected)
     rtol, atol = (4 * eps, 4 * eps) if eps else (RTOL, atol)
-    torch.testing.assert_close(actual.detach(), expected.detach(), rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        actual.detach(), expected.detach(), rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}"
+    )
 
 
 def _copy(t: Any) -> Any:
@@ -149,13 +156,21 @@ def _same(a: Any, b: Any) -> bool:
 
 def _leaves(inputs: Sequence[Any], state: Sequence[int] = ()) -> list[Any]:
     """Copies of the inputs, floats requiring grad except the ``state`` ones (buffers a run writes)."""
-    return [t.detach().clone().requires_grad_(t.is_floating_point() and i not in state) if isinstance(t, torch.Tensor)
-            else t for i, t in enumerate(inputs)]
+    return [
+        t.detach().clone().requires_grad_(t.is_floating_point() and i not in state)
+        if isinstance(t, torch.Tensor)
+        else t
+        for i, t in enumerate(inputs)
+    ]
 
 
 def _run(
-    mod: torch.nn.Module, inputs: Sequence[torch.Tensor], params: dict[str, torch.nn.Parameter], upstream: list | None,
-    state: Sequence[int] = (), buffers: Sequence[str] = (),
+    mod: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    params: dict[str, torch.nn.Parameter],
+    upstream: list | None,
+    state: Sequence[int] = (),
+    buffers: Sequence[str] = (),
 ) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list[torch.Tensor | None], list]:
     """Outputs, grads w.r.t. float inputs and w.r.t. ``params``, then the state after the step: the
     ``state`` inputs and ``mod``'s buffers named ``buffers`` (None where it has none of that name), in
@@ -177,7 +192,7 @@ def _run(
     else:
         grads = (None,) * len(wrt)
     after = [_as_float(ins[i]) for i in state] + [_as_float(_buffer(mod, name)) for name in buffers]
-    return outs, list(grads[: len(float_ins)]), list(grads[len(float_ins):]) + after, upstream
+    return outs, list(grads[: len(float_ins)]), list(grads[len(float_ins) :]) + after, upstream
 
 
 _CHECKPOINT = getattr(torch.ops.higher_order, "tag_activation_checkpoint", None)
@@ -196,8 +211,11 @@ def _stateful_regions(mod: torch.nn.Module, state: Sequence[int]) -> set[fx.Node
         return set()
     placeholders = [n for n in mod.graph.nodes if n.op == "placeholder"]
     written = {placeholders[i] for i in state if i < len(placeholders)}
-    return {n for n in mod.graph.nodes if n.op == "call_function" and n.target is _CHECKPOINT
-            and written & set(n.all_input_nodes)}
+    return {
+        n
+        for n in mod.graph.nodes
+        if n.op == "call_function" and n.target is _CHECKPOINT and written & set(n.all_input_nodes)
+    }
 
 
 class _RegionsRunOnce(fx.Interpreter):
@@ -245,7 +263,9 @@ def _snapshot(gm: fx.GraphModule) -> tuple[str, dict[str, torch.Tensor]]:
     return gm.code, {k: v.detach().clone() for k, v in gm.state_dict().items()}
 
 
-def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, pass_inputs: bool = True, **options: Any) -> fx.GraphModule:
+def check_optimizer(
+    optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, pass_inputs: bool = True, **options: Any
+) -> fx.GraphModule:
     """Run ``optimize`` on ``g`` and compare with eager; returns the result."""
     code0, state0 = _snapshot(g.gm)
     inputs0 = [_copy(t) for t in g.example_inputs]
@@ -256,7 +276,9 @@ def check_optimizer(optimize: Callable[..., fx.GraphModule], g: GeneratedGraph, 
     # the input module and the example inputs are left alone
     code1, state1 = _snapshot(g.gm)
     assert code1 == code0, "optimize_graph mutated the input GraphModule's code"
-    assert state1.keys() == state0.keys() and all(torch.equal(state0[k], state1[k]) for k in state0), "input module state changed"
+    assert state1.keys() == state0.keys() and all(torch.equal(state0[k], state1[k]) for k in state0), (
+        "input module state changed"
+    )
     for a, b in zip(inputs0, g.example_inputs):
         assert _same(a, b), "example inputs were mutated"
     assert isinstance(result, fx.GraphModule)
@@ -286,8 +308,8 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     out_o, gin_o, gpar_kept, _ = _run(result, g.example_inputs, opt_params, upstream, state, list(initial))
     _reset_buffers([g.gm, result], initial)
     n_state = len(state) + len(initial)
-    state_e, state_o = gpar_e[len(eager_params):], gpar_kept[len(opt_params):]
-    gpar_e, gpar_kept = gpar_e[:len(eager_params)], gpar_kept[:len(opt_params)]
+    state_e, state_o = gpar_e[len(eager_params) :], gpar_kept[len(opt_params) :]
+    gpar_e, gpar_kept = gpar_e[: len(eager_params)], gpar_kept[: len(opt_params)]
     assert len(state_e) == len(state_o) == n_state
     kept = dict(zip(opt_params, gpar_kept))
     gpar_o = [kept.get(k) for k in eager_params]
@@ -338,7 +360,7 @@ def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, 
     except Exception:
         return False
     by_name = dict(zip(held, kept))
-    ours = [*outs, *gin, *(by_name.get(k) for k in names), *kept[len(held):]]
+    ours = [*outs, *gin, *(by_name.get(k) for k in names), *kept[len(held) :]]
     for a, e in zip(ours, reference):
         if a is None and e is None:
             continue
@@ -365,8 +387,7 @@ def _in_float64(module: fx.GraphModule, inputs: Sequence[Any], upstream: list) -
     return copy.deepcopy(module).double(), as64, [u.double() if u.is_floating_point() else u for u in upstream]
 
 
-def _no_less_accurate(actual: torch.Tensor | None, expected: torch.Tensor | None,
-                      exact: torch.Tensor | None) -> bool:
+def _no_less_accurate(actual: torch.Tensor | None, expected: torch.Tensor | None, exact: torch.Tensor | None) -> bool:
     """The optimized value is at most twice as far from float64 as eager is (plus
     float32 rounding at the value's magnitude, or 8 roundings of a low-precision dtype:
     a reordered bf16 sum rounds differently at every step)."""
@@ -484,8 +505,11 @@ def check_post_grad(g: GeneratedGraph, **options: Any) -> list:
 
 
 def _post_grad_cases() -> list[Any]:
-    return [pytest.param(f, s, id=f"{f}-{s}") for s in range(POST_GRAD_SEEDS)
-            for f in [_POST_GRAD_FLAVOURS[s % len(_POST_GRAD_FLAVOURS)]]]
+    return [
+        pytest.param(f, s, id=f"{f}-{s}")
+        for s in range(POST_GRAD_SEEDS)
+        for f in [_POST_GRAD_FLAVOURS[s % len(_POST_GRAD_FLAVOURS)]]
+    ]
 
 
 @pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
@@ -509,7 +533,10 @@ def _identity(gm: fx.GraphModule, example_inputs: Any = None, **_: Any) -> fx.Gr
 
 
 def _harness_seeds() -> list[tuple[str, int]]:
-    return [(f, s) for f in FLAVOURS if f not in ("dynamo", "train_dynamo") for s in range(4)] + [("dynamo", 0), ("train_dynamo", 0)]
+    return [(f, s) for f in FLAVOURS if f not in ("dynamo", "train_dynamo") for s in range(4)] + [
+        ("dynamo", 0),
+        ("train_dynamo", 0),
+    ]
 
 
 def test_harness_accepts_identity() -> None:
@@ -616,8 +643,14 @@ def test_harness_catches_changed_running_statistics() -> None:
     buffer inputs, train_dynamo-16 in checkpoint regions only) is caught when only its running
     statistics differ."""
     for flavour, seeds in (("train", range(10)), ("train_dynamo", (0, 1, 16))):
-        normed = [s for s in seeds if any(k.startswith("train:batch_norm") or k == "train:checkpoint_batch_norm"
-                                          for k in make_case(flavour, s).families)]
+        normed = [
+            s
+            for s in seeds
+            if any(
+                k.startswith("train:batch_norm") or k == "train:checkpoint_batch_norm"
+                for k in make_case(flavour, s).families
+            )
+        ]
         assert normed, flavour
         assert _caught(_perturb_running_statistics, flavour, normed) == len(normed), flavour
 
@@ -643,7 +676,11 @@ def test_training_flavours_cover_their_families() -> None:
 def test_training_flavour_dropout_draws_alike_when_seeded() -> None:
     """A p>0 program run twice after seeding gives the same values (what the flavour relies on);
     run again unseeded, another mask."""
-    g = next(g for g in (make_case("train_dropout", s) for s in range(10)) if any(k.startswith("train:dropout") for k in g.families))
+    g = next(
+        g
+        for g in (make_case("train_dropout", s) for s in range(10))
+        if any(k.startswith("train:dropout") for k in g.families)
+    )
     params = dict(g.gm.named_parameters())
     first, second = _run(g.gm, g.example_inputs, params, None), _run(g.gm, g.example_inputs, params, None)
     for a, b in zip(first[0], second[0]):
@@ -662,9 +699,21 @@ def test_harness_catches_mutated_input_module() -> None:
 
 
 @pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
-@pytest.mark.parametrize("flavour,seed", [("inplace", 1104), ("inplace", 687), ("plain", 2293), ("opaque", 712), ("dynamic", 104),
-                                         ("train_dynamo", 8), ("train_dynamo", 16), ("train_dropout", 79),
-                                         ("train_dropout", 33), ("train_dropout", 88)])
+@pytest.mark.parametrize(
+    "flavour,seed",
+    [
+        ("inplace", 1104),
+        ("inplace", 687),
+        ("plain", 2293),
+        ("opaque", 712),
+        ("dynamic", 104),
+        ("train_dynamo", 8),
+        ("train_dynamo", 16),
+        ("train_dropout", 79),
+        ("train_dropout", 33),
+        ("train_dropout", 88),
+    ],
+)
 def test_cases_found_at_scale(flavour: str, seed: int) -> None:
     """Graphs the 10,000-graph run flagged. inplace-1104: a batched linear whose members sat
     before and after a run of in-place ops on one buffer made the rebuild emit those ops in

@@ -52,7 +52,9 @@ def test_graphs_lint_run_and_backward(graphs: list[GeneratedGraph]) -> None:
         assert isinstance(outs, tuple) and 1 <= len(outs) <= 3, g.description
         for o in outs:
             assert o.dtype == torch.float32 and torch.isfinite(o).all(), g.description
-        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+        torch.autograd.backward(
+            [o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad]
+        )
         for t in ins:
             if t.is_floating_point():
                 assert t.grad is not None and torch.isfinite(t.grad).all(), g.description
@@ -136,22 +138,73 @@ def test_spelling_coverage(graphs: list[GeneratedGraph]) -> None:
             if n.target is operator.getitem and isinstance(n.args[1], (slice, tuple)):
                 slice_obj = True
     want = {
-        ("function", "split"), ("method", "split"), ("function", "split_with_sizes"), ("method", "split_with_sizes"),
-        ("function", "chunk"), ("method", "chunk"), ("function", "unbind"), ("method", "unbind"),
-        ("function", "getitem"), ("function", "cat"), ("function", "concat"), ("function", "concatenate"),
-        ("function", "stack"), ("method", "view"), ("method", "reshape"), ("function", "reshape"),
-        ("method", "permute"), ("function", "permute"), ("method", "transpose"), ("function", "transpose"),
-        ("method", "flatten"), ("function", "flatten"), ("method", "unflatten"), ("method", "expand"),
-        ("method", "squeeze"), ("function", "squeeze"), ("method", "unsqueeze"), ("function", "unsqueeze"),
-        ("function", "movedim"), ("method", "movedim"), ("function", "narrow"), ("method", "narrow"),
-        ("function", "linear"), ("function", "matmul"), ("method", "matmul"), ("function", "mm"), ("function", "bmm"),
-        ("function", "addmm"), ("function", "embedding"), ("function", "layer_norm"), ("function", "softmax"),
-        ("method", "softmax"), ("function", "sum"), ("method", "mean"), ("function", "relu"), ("method", "relu"),
-        ("function", "where"), ("function", "add"), ("method", "add"), ("function", "mul"), ("function", "truediv"),
-        ("function", "cumsum"), ("function", "flip"), ("function", "roll"), ("function", "sort"), ("function", "topk"),
-        ("function", "max"), ("method", "max"), ("function", "opaque_mix"), ("function", "getattr"),
-        ("method", "add_"), ("method", "mul_"), ("method", "copy_"), ("method", "relu_"), ("function", "relu_"),
-        ("method", "clone"), ("get_attr", ""),
+        ("function", "split"),
+        ("method", "split"),
+        ("function", "split_with_sizes"),
+        ("method", "split_with_sizes"),
+        ("function", "chunk"),
+        ("method", "chunk"),
+        ("function", "unbind"),
+        ("method", "unbind"),
+        ("function", "getitem"),
+        ("function", "cat"),
+        ("function", "concat"),
+        ("function", "concatenate"),
+        ("function", "stack"),
+        ("method", "view"),
+        ("method", "reshape"),
+        ("function", "reshape"),
+        ("method", "permute"),
+        ("function", "permute"),
+        ("method", "transpose"),
+        ("function", "transpose"),
+        ("method", "flatten"),
+        ("function", "flatten"),
+        ("method", "unflatten"),
+        ("method", "expand"),
+        ("method", "squeeze"),
+        ("function", "squeeze"),
+        ("method", "unsqueeze"),
+        ("function", "unsqueeze"),
+        ("function", "movedim"),
+        ("method", "movedim"),
+        ("function", "narrow"),
+        ("method", "narrow"),
+        ("function", "linear"),
+        ("function", "matmul"),
+        ("method", "matmul"),
+        ("function", "mm"),
+        ("function", "bmm"),
+        ("function", "addmm"),
+        ("function", "embedding"),
+        ("function", "layer_norm"),
+        ("function", "softmax"),
+        ("method", "softmax"),
+        ("function", "sum"),
+        ("method", "mean"),
+        ("function", "relu"),
+        ("method", "relu"),
+        ("function", "where"),
+        ("function", "add"),
+        ("method", "add"),
+        ("function", "mul"),
+        ("function", "truediv"),
+        ("function", "cumsum"),
+        ("function", "flip"),
+        ("function", "roll"),
+        ("function", "sort"),
+        ("function", "topk"),
+        ("function", "max"),
+        ("method", "max"),
+        ("function", "opaque_mix"),
+        ("function", "getattr"),
+        ("method", "add_"),
+        ("method", "mul_"),
+        ("method", "copy_"),
+        ("method", "relu_"),
+        ("function", "relu_"),
+        ("method", "clone"),
+        ("get_attr", ""),
     }
     assert not want - kinds, sorted(want - kinds)
     assert neg_dim and dim_kw and axis_kw and slice_obj
@@ -164,12 +217,11 @@ def test_flags_respected(graphs: list[GeneratedGraph]) -> None:
         opts = _options(seed)
         nodes = list(g.gm.graph.nodes)
         has_opaque = any(
-            (n.op == "call_function" and n.target in opaque_targets) or (n.op == "call_method" and n.target in opaque_methods)
+            (n.op == "call_function" and n.target in opaque_targets)
+            or (n.op == "call_method" and n.target in opaque_methods)
             for n in nodes
         )
-        has_inplace = any(
-            (n.op == "call_method" and n.target.endswith("_")) or n.target is torch.relu_ for n in nodes
-        )
+        has_inplace = any((n.op == "call_method" and n.target.endswith("_")) or n.target is torch.relu_ for n in nodes)
         if not opts["opaque"]:
             assert not has_opaque, g.description
         if not opts["inplace"]:
@@ -195,7 +247,9 @@ def test_dynamo_flavour() -> None:
         assert len(g.example_inputs) == len([n for n in g.gm.graph.nodes if n.op == "placeholder"])
         # same program: Dynamo orders inputs by first use, so match by name
         by_name = dict(zip([n.name for n in plain.gm.graph.nodes if n.op == "placeholder"], plain.example_inputs))
-        by_name.update({f"w{i}": p for i, (_, p) in enumerate(sorted(plain.gm.named_parameters(), key=lambda kv: int(kv[0][1:])))})
+        by_name.update(
+            {f"w{i}": p for i, (_, p) in enumerate(sorted(plain.gm.named_parameters(), key=lambda kv: int(kv[0][1:])))}
+        )
         ins = []
         for n in g.gm.graph.nodes:
             if n.op == "placeholder":

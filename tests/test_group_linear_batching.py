@@ -129,14 +129,22 @@ def test_grouped_call_is_priced_as_one_launch_on_gpu_and_per_member_on_cpu():
     def fn(a, b, c, wa, wb, wc, ba):
         return grouped_linear([a, b, c], [wa, wb, wc], [ba, None, None])
 
-    example = (torch.randn(4, 8), torch.randn(4, 16), torch.randn(2, 3, 4),
-               torch.randn(3, 8), torch.randn(5, 16), torch.randn(7, 4), torch.randn(3))
+    example = (
+        torch.randn(4, 8),
+        torch.randn(4, 16),
+        torch.randn(2, 3, 4),
+        torch.randn(3, 8),
+        torch.randn(5, 16),
+        torch.randn(7, 4),
+        torch.randn(3),
+    )
     gm = torch.fx.symbolic_trace(fn)
     gpu = predict_kernels(gm, example, CHEAP_HOST)
     cpu = predict_kernels(gm, example, "cpu")
     assert len(gpu) == 1 and gpu[0].flops == 2.0 * (4 * 3 * 8 + 4 * 5 * 16 + 6 * 7 * 4)
     assert len(cpu) == 3
-    plain = torch.fx.symbolic_trace(lambda a, b, c, wa, wb, wc, ba: (F.linear(a, wa, ba), F.linear(b, wb),
-                                                                    F.linear(c, wc)))
+    plain = torch.fx.symbolic_trace(
+        lambda a, b, c, wa, wb, wc, ba: (F.linear(a, wa, ba), F.linear(b, wb), F.linear(c, wc))
+    )
     assert sum(k.seconds for k in cpu) > sum(k.seconds for k in predict_kernels(plain, example, "cpu"))
     assert gpu[0].seconds < sum(k.seconds for k in predict_kernels(plain, example, CHEAP_HOST))

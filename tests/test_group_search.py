@@ -45,9 +45,11 @@ def test_group_move_breaks_a_cycle_through_the_stack_of_its_members():
     would lose the shared class ten outputs reuse, and the move with it)."""
     x, b, shared, consumer = 0, 1, 2, 5
     members, reusers = [3, 4], list(range(6, 16))
-    classes = [[ENode("x", (), 0.0)],
-               [ENode("batched", (x,), 1.0), ENode("stack", tuple(members), 0.5)],
-               [ENode("shared", (x,), 3.0)]]
+    classes = [
+        [ENode("x", (), 0.0)],
+        [ENode("batched", (x,), 1.0), ENode("stack", tuple(members), 0.5)],
+        [ENode("shared", (x,), 3.0)],
+    ]
     classes += [[ENode(f"own{i}", (x,), 1.0), ENode(f"slice{i}", (b,), 0.0)] for i in range(2)]
     classes += [[ENode("consume", (b,), 1.0)]]
     classes += [[ENode(f"alone{i}", (x,), 1.0), ENode(f"reuse{i}", (shared,), 0.1)] for i in range(10)]
@@ -62,9 +64,10 @@ def test_group_move_breaks_a_cycle_through_the_stack_of_its_members():
 
 def test_tree_choice_is_acyclic_fallback():
     # class 0 = {leaf | slice(cat(0, 1))}: the fallback never picks the cycle
-    graph = ExtractionGraph([[ENode("leaf", (), 1.0), ENode("slice", (2,), 0.0)],
-                             [ENode("y", (), 1.0)],
-                             [ENode("cat", (0, 1), 1.0)]], roots=[0, 2])
+    graph = ExtractionGraph(
+        [[ENode("leaf", (), 1.0), ENode("slice", (2,), 0.0)], [ENode("y", (), 1.0)], [ENode("cat", (0, 1), 1.0)]],
+        roots=[0, 2],
+    )
     best, pick = tree_choice(graph)
     assert pick[0] == 0 and best[2] == pytest.approx(3.0)
     assert dag_cost(graph, pick) == pytest.approx(3.0)
@@ -79,9 +82,16 @@ def test_batch_group_moves_follow_views_to_the_batched_term():
         return SimpleNamespace(ctor=ctor, children=children)
 
     # class 0: batched term (id 10); members (ids 11, 12) are own ops or Reshape(Slice(batched))
-    egraph = SimpleNamespace(class_of_id={10: 0, 11: 1, 12: 3}, classes=[
-        [term("Op2")], [term("Op2"), term("Reshape", 2)], [term("Slice", 0)],
-        [term("Op2"), term("Slice", 0)], [term("Op2")]])
+    egraph = SimpleNamespace(
+        class_of_id={10: 0, 11: 1, 12: 3},
+        classes=[
+            [term("Op2")],
+            [term("Op2"), term("Reshape", 2)],
+            [term("Slice", 0)],
+            [term("Op2"), term("Slice", 0)],
+            [term("Op2")],
+        ],
+    )
     assert path_to(egraph, 1, 0) == {1: 1, 2: 0}
     assert path_to(egraph, 4, 0) is None and path_to(egraph, 1, None) is None
     moves = batch_group_moves(egraph, [(10, [11, 12])], lambda i: f"n{i}")

@@ -311,7 +311,9 @@ def test_subprocess_without_triton() -> None:
     )
     # Even with the Triton path requested, a missing triton means the fallback.
     env = _child_env(TRITON_INTERPRET="1", OPTIMUS_EQSAT_TRITON_CPU="1")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
@@ -416,7 +418,9 @@ def _ptxas_available() -> bool:
     "arch, dtype_name, precision, log_g, has_bias",
     [(90, "float32", "ieee", 3, True), (80, "bfloat16", None, 0, False)],
 )
-def test_kernel_compiles_to_cubin(arch: int, dtype_name: str, precision: str | None, log_g: int, has_bias: bool) -> None:
+def test_kernel_compiles_to_cubin(
+    arch: int, dtype_name: str, precision: str | None, log_g: int, has_bias: bool
+) -> None:
     """The interpreter is lenient; compiling ahead of time for real GPUs (no
     device needed) checks the kernel through Triton's full pipeline to a cubin."""
     import triton

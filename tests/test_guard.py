@@ -30,12 +30,22 @@ def test_a_faster_candidate_that_needs_more_memory_is_not_kept():
     fat = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20})
     assert fat.kept == "original" and fat.reason == "more peak memory"
     # the same 2 MiB more on top of 100 MiB of parameters and inputs the step holds anyway
-    held = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
-                  resident_bytes=100 << 20)
+    held = choose(
+        rounds,
+        "original",
+        "optimized",
+        peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
+        resident_bytes=100 << 20,
+    )
     assert held.kept == "optimized" and "above 100.00 MiB of inputs" in held.summary()
     # a looser memory_slack trades the memory for the speed
-    traded = choose(rounds, "original", "optimized", peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
-                    memory_slack=(1.25, 0))
+    traded = choose(
+        rounds,
+        "original",
+        "optimized",
+        peak_bytes={"original": 10 << 20, "optimized": 12 << 20},
+        memory_slack=(1.25, 0),
+    )
     assert traded.kept == "optimized"
 
 
@@ -72,7 +82,9 @@ def test_a_clearly_faster_candidate_is_kept():
     assert result.ratio_p25 == result.ratio_p75 == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize("factors", [[1.0] * 9, [0.995] * 9, [1.1] * 9, [0.7, 0.8, 0.9, 1.1, 1.2, 1.3, 0.95, 1.05, 1.02]])
+@pytest.mark.parametrize(
+    "factors", [[1.0] * 9, [0.995] * 9, [1.1] * 9, [0.7, 0.8, 0.9, 1.1, 1.2, 1.3, 0.95, 1.05, 1.02]]
+)
 def test_equal_slower_or_noisy_candidates_keep_the_original(factors):
     result = choose(_rounds([1.0 + 0.01 * k for k in range(9)], factors), "original", "optimized")
     assert result.kept == "original", result
@@ -166,8 +178,9 @@ def test_a_much_slower_program_is_measured_slower():
     fast = lambda x: x + 1  # noqa: E731
     slow = lambda x: (time.sleep(0.1), x + 1)[1]  # noqa: E731  far above a loaded machine's noise
     gm = torch.fx.symbolic_trace(fast)
-    result = measure_and_choose({"original": fast, "optimized": slow}, gm, [torch.ones(2)], training=False,
-                                budget_s=0.0)
+    result = measure_and_choose(
+        {"original": fast, "optimized": slow}, gm, [torch.ones(2)], training=False, budget_s=0.0
+    )
     assert result.kept == "original" and result.ratio > 10 and result.reason == "slower"
 
 
@@ -186,8 +199,9 @@ def test_backend_returns_the_program_the_measurement_kept(monkeypatch, kept):
         compiled.append(gm)  # first the optimized graph, then the original
         return gm
 
-    def fake_measure(programs, gm, example_inputs, training, baseline, candidate, budget_s, rewritten,
-                     memory_slack, layout):
+    def fake_measure(
+        programs, gm, example_inputs, training, baseline, candidate, budget_s, rewritten, memory_slack, layout
+    ):
         # the pre-grad pass changed the graph: both compiled at once, nothing to ask
         assert set(programs) == {"original", "optimized"} and not training and rewritten is None
         assert memory_slack == guard_module.MEMORY_SLACK
@@ -218,13 +232,23 @@ def test_a_deferred_original_is_compiled_only_when_a_pass_rewrote_the_candidate(
 
     candidate = lambda x: x + 1  # noqa: E731
     gm = torch.fx.symbolic_trace(candidate)
-    untouched = measure_and_choose({"original": Deferred(compile_original), "optimized": candidate}, gm,
-                                   [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda _training: False)
+    untouched = measure_and_choose(
+        {"original": Deferred(compile_original), "optimized": candidate},
+        gm,
+        [torch.ones(2)],
+        training=False,
+        budget_s=0.0,
+        rewritten=lambda _training: False,
+    )
     assert untouched.kept == "optimized" and untouched.rounds == 0 and not compiles
-    assert untouched.summary() == ("not timed: no rewrite that needs timing (the program is the original, or it "
-                                   "with bool masks recomputed), compiled once")
+    assert untouched.summary() == (
+        "not timed: no rewrite that needs timing (the program is the original, or it "
+        "with bool masks recomputed), compiled once"
+    )
     programs = {"original": Deferred(compile_original), "optimized": candidate}
-    timed = measure_and_choose(programs, gm, [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda _training: True)
+    timed = measure_and_choose(
+        programs, gm, [torch.ones(2)], training=False, budget_s=0.0, rewritten=lambda _training: True
+    )
     assert compiles == ["original"] and timed.rounds > 0 and "original" in timed.compile_s
     assert not isinstance(programs["original"], Deferred)  # the compiled program replaced it
 
@@ -279,8 +303,9 @@ def test_first_call_keeps_the_original_when_timing_fails():
     def broken(x):
         raise RuntimeError("cannot run here")
 
-    choice = FirstCallChoice({"original": fast, "optimized": broken}, torch.fx.symbolic_trace(fast), 0.0,
-                             results.append)
+    choice = FirstCallChoice(
+        {"original": fast, "optimized": broken}, torch.fx.symbolic_trace(fast), 0.0, results.append
+    )
     assert torch.equal(choice(torch.ones(2)), torch.full((2,), 2.0))
     assert choice.chosen is fast and isinstance(results[0], RuntimeError)
 
@@ -318,7 +343,6 @@ def test_the_fastest_passing_candidate_is_kept():
     assert verdict.kept == "original" and verdict.reason == "slower"
 
 
-
 def test_a_fallback_candidate_is_compiled_only_when_the_first_is_not_kept():
     compiles = []
 
@@ -330,17 +354,35 @@ def test_a_fallback_candidate_is_compiled_only_when_the_first_is_not_kept():
     fast = lambda x: x + 1  # noqa: E731
     original = lambda x: (time.sleep(0.01), x + 1)[1]  # noqa: E731
     gm = torch.fx.symbolic_trace(fast)
-    kept = measure_and_choose({"original": original, "optimized": fast, "masked": Deferred(compile_fallback)},
-                              gm, [torch.ones(2)], training=False, budget_s=0.0)
+    kept = measure_and_choose(
+        {"original": original, "optimized": fast, "masked": Deferred(compile_fallback)},
+        gm,
+        [torch.ones(2)],
+        training=False,
+        budget_s=0.0,
+    )
     assert kept.kept == "optimized" and not compiles and "masked" not in kept.step_s
 
-    fell = measure_and_choose({"original": original, "optimized": slow, "masked": Deferred(compile_fallback)},
-                              gm, [torch.ones(2)], training=False, budget_s=0.0)
+    fell = measure_and_choose(
+        {"original": original, "optimized": slow, "masked": Deferred(compile_fallback)},
+        gm,
+        [torch.ones(2)],
+        training=False,
+        budget_s=0.0,
+    )
     assert compiles == ["masked"] and "masked" in fell.compile_s
     assert fell.kept == "masked" and set(fell.step_s) == {"original", "optimized", "masked"}
-    same = measure_and_choose({"original": original, "optimized": slow,  # (it would be our program again)
-                               "masked": Deferred(compile_fallback, wanted=lambda: False)},
-                              gm, [torch.ones(2)], training=False, budget_s=0.0)
+    same = measure_and_choose(
+        {
+            "original": original,
+            "optimized": slow,  # (it would be our program again)
+            "masked": Deferred(compile_fallback, wanted=lambda: False),
+        },
+        gm,
+        [torch.ones(2)],
+        training=False,
+        budget_s=0.0,
+    )
     assert compiles == ["masked"] and same.kept == "original" and "masked" not in same.step_s
 
 
@@ -354,8 +396,9 @@ def test_a_call_on_fake_tensors_runs_the_candidate_and_defers_the_choice():
     calls, results = [], []
     original = lambda x: (calls.append("original"), x + 1)[1]  # noqa: E731
     optimized = lambda x: (calls.append("optimized"), x + 1)[1]  # noqa: E731
-    choice = FirstCallChoice({"original": original, "optimized": optimized}, torch.fx.symbolic_trace(lambda x: x + 1),
-                             0.0, results.append)
+    choice = FirstCallChoice(
+        {"original": original, "optimized": optimized}, torch.fx.symbolic_trace(lambda x: x + 1), 0.0, results.append
+    )
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.ones(2, 3))
         assert compile_time_call([fake])
@@ -411,8 +454,7 @@ def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case)
         args = [TwoTensor(torch.ones(2), torch.ones(2))]
     assert unsafe_to_time(gm, args)
     results = []
-    choice = FirstCallChoice({"original": Deferred(lambda: gm), "optimized": lambda *a: "ran"}, gm, 0.0,
-                             results.append)
+    choice = FirstCallChoice({"original": Deferred(lambda: gm), "optimized": lambda *a: "ran"}, gm, 0.0, results.append)
     assert choice(*args) == "ran"
     assert results[0].kept == "optimized" and results[0].rounds == 0
     assert results[0].summary().startswith("not timed: cannot time here")
@@ -426,11 +468,13 @@ def test_a_program_laid_out_otherwise_than_the_fake_call_returned_is_not_kept():
     original = lambda x: x + 1  # noqa: E731
     gm = torch.fx.symbolic_trace(original)
     x = torch.ones(3, 4)
-    result = measure_and_choose({"original": original, "optimized": slow}, gm, [x], training=False, budget_s=0.0,
-                                layout=[((3, 4), (1, 3))])
+    result = measure_and_choose(
+        {"original": original, "optimized": slow}, gm, [x], training=False, budget_s=0.0, layout=[((3, 4), (1, 3))]
+    )
     assert result.kept == "optimized" and "laid out otherwise" in result.reason
-    same = measure_and_choose({"original": original, "optimized": slow}, gm, [x], training=False, budget_s=0.0,
-                              layout=[((3, 4), (4, 1))])
+    same = measure_and_choose(
+        {"original": original, "optimized": slow}, gm, [x], training=False, budget_s=0.0, layout=[((3, 4), (4, 1))]
+    )
     assert same.kept == "original"
 
 

@@ -2,6 +2,7 @@
 on synthetic timings (instant), one end-to-end CLI run on a tiny model (eager
 and Inductor, batch 4, two rounds; about 20-40 s on CPU), and fast checks of
 the methods, error rows and report writing."""
+
 from __future__ import annotations
 
 import math
@@ -112,11 +113,9 @@ def test_fast_methods_take_more_steps_per_turn():
 
 def test_time_limit_stops_adding_rounds_after_the_minimum():
     ticks = iter(range(1000))
-    plan = RoundPlan(min_rounds=2, max_rounds=50, steps=1, warmup=0, round_warmup=0,
-                     target_spread=0.0, max_seconds=3)
+    plan = RoundPlan(min_rounds=2, max_rounds=50, steps=1, warmup=0, round_warmup=0, target_spread=0.0, max_seconds=3)
     noisy = iter([1.0, 2.0] * 100)
-    result = run_rounds({"inductor": _constant(1.0), "x": lambda: next(noisy)}, plan,
-                        clock=lambda: float(next(ticks)))
+    result = run_rounds({"inductor": _constant(1.0), "x": lambda: next(noisy)}, plan, clock=lambda: float(next(ticks)))
     assert result.stop == "time_limit" and 2 <= result.rounds < 50
 
 
@@ -146,8 +145,11 @@ def test_stats_without_a_baseline_judge_each_method_alone():
 def test_timed_step_and_event_counting():
     ms = timed_step(lambda: sum(range(1000)), "cpu")()
     assert 0 < ms < 1000
-    events = [SimpleNamespace(name="cudaGraphLaunch"), SimpleNamespace(name="cudaLaunchKernel"),
-              SimpleNamespace(name="cudaGraphLaunch")]
+    events = [
+        SimpleNamespace(name="cudaGraphLaunch"),
+        SimpleNamespace(name="cudaLaunchKernel"),
+        SimpleNamespace(name="cudaGraphLaunch"),
+    ]
     assert count_events(events, "cudaGraphLaunch") == 2
 
 
@@ -159,8 +161,12 @@ def test_ablation_variants_label_rows():
     assert len(variants) == 4
     assert variants[1] == EqsatOptions(("splitcat",), "ilp", None)
     assert variants[3].kwargs() == {"rulesets": ("splitcat", "batching"), "extractor": "ilp"}
-    assert variants[3].label() == {"rulesets": "splitcat+batching", "extractor": "ilp", "profile": "default",
-                                   "measure": "default"}
+    assert variants[3].label() == {
+        "rulesets": "splitcat+batching",
+        "extractor": "ilp",
+        "profile": "default",
+        "measure": "default",
+    }
     assert eqsat_variants(None, None, None, "on;off")[1].kwargs() == {"measure": False}
     assert eqsat_variants(None, None, None) == [EqsatOptions()]
     ms = methods.make_methods(["inductor", "optimus_eqsat"], variants)
@@ -195,7 +201,7 @@ def test_cuda_methods_are_cuda_only_and_configured_like_their_torch_modes():
 def test_cudagraph_methods_mark_a_new_step_before_every_call(monkeypatch):
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    monkeypatch.setattr(methods.Method, "inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
+    monkeypatch.setattr(methods.Method, "inner_backend", lambda self: lambda gm, _inputs: gm.forward)
     method = methods.Method("inductor_cudagraphs", cudagraphs=True)
     model = torch.nn.Linear(3, 2)
     torch._dynamo.reset()
@@ -209,9 +215,16 @@ def test_cudagraph_methods_mark_a_new_step_before_every_call(monkeypatch):
 
 
 def test_eqsat_summary_reads_backend_reports_defensively():
-    full = SimpleNamespace(stop_reason="saturated", extractor="ilp", enodes=50, rules_fired={"a": 2, "b": 1},
-                           launches_before=10, launches_after=4, phase_seconds={"saturate": 0.5},
-                           fell_back=False)
+    full = SimpleNamespace(
+        stop_reason="saturated",
+        extractor="ilp",
+        enodes=50,
+        rules_fired={"a": 2, "b": 1},
+        launches_before=10,
+        launches_after=4,
+        phase_seconds={"saturate": 0.5},
+        fell_back=False,
+    )
     bare = SimpleNamespace()  # a report from a future version with other fields
     record = CompileRecord(backend=SimpleNamespace(reports=[full, bare]))
     summary = record.eqsat_summary()
@@ -233,14 +246,39 @@ def test_cli_value_parsing():
 
 def test_cli_end_to_end(tmp_path):
     argv = [
-        "--models", "dlrm", "--methods", "eager,inductor", "--mode", "inference",
-        "--batches", "4", "--warmup", "1", "--steps", "2", "--rounds", "2", "--max-rounds", "2",
-        "--threads", "1", "--no-progress", "--out", str(tmp_path),
+        "--models",
+        "dlrm",
+        "--methods",
+        "eager,inductor",
+        "--mode",
+        "inference",
+        "--batches",
+        "4",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--max-rounds",
+        "2",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
         "--keep-caches",  # a rerun hits Inductor's on-disk cache: seconds instead of a cold compile
     ]
     assert main(argv) == 0
-    for name in ("results.csv", "summary.csv", "results.md", "step_time_ratio.png", "peak_mem_ratio.png",
-                 "launches.png", "kernel_kinds.png"):
+    for name in (
+        "results.csv",
+        "summary.csv",
+        "results.md",
+        "step_time_ratio.png",
+        "peak_mem_ratio.png",
+        "launches.png",
+        "kernel_kinds.png",
+    ):
         assert (tmp_path / name).stat().st_size > 0, name
     df = pd.read_csv(tmp_path / "results.csv", keep_default_na=False)
     assert list(df["method"]) == ["eager", "inductor"]
@@ -265,8 +303,17 @@ def test_cli_end_to_end(tmp_path):
 
 
 def test_training_rows_compare_gradients():
-    rows = run(BenchConfig(models=["transformer"], methods=["eager"], modes=["training"],
-                           batches=[2], threads=[1], plan=QUICK, progress=False))
+    rows = run(
+        BenchConfig(
+            models=["transformer"],
+            methods=["eager"],
+            modes=["training"],
+            batches=[2],
+            threads=[1],
+            plan=QUICK,
+            progress=False,
+        )
+    )
     (row,) = rows
     assert row["error"] == ""
     assert row["max_abs_diff_out"] == 0.0 and row["max_abs_diff_grad"] == 0.0
@@ -277,11 +324,22 @@ def test_training_rows_compare_gradients():
 def test_methods_of_a_case_stay_compiled_side_by_side(monkeypatch):
     """Compiling a later method must not reset Dynamo: the earlier ones would
     recompile without their settings (torch's run_and_get_code resets it)."""
-    monkeypatch.setattr(methods.Method, "inner_backend", lambda self: (lambda gm, _inputs: gm.forward))
-    rows = run(BenchConfig(models=["dlrm"], methods=["inductor", "inductor_optimus", "eager"], batches=[2],
-                           threads=[1], plan=QUICK, progress=False))
+    monkeypatch.setattr(methods.Method, "inner_backend", lambda self: lambda gm, _inputs: gm.forward)
+    rows = run(
+        BenchConfig(
+            models=["dlrm"],
+            methods=["inductor", "inductor_optimus", "eager"],
+            batches=[2],
+            threads=[1],
+            plan=QUICK,
+            progress=False,
+        )
+    )
     assert [(r["method"], r["error"], r["recompiles"]) for r in rows] == [
-        ("inductor", "", 0), ("inductor_optimus", "", 0), ("eager", "", 0)]
+        ("inductor", "", 0),
+        ("inductor_optimus", "", 0),
+        ("eager", "", 0),
+    ]
     assert all(r["graphs"] == 1 for r in rows)
 
 
@@ -290,32 +348,92 @@ def test_broken_method_becomes_an_error_row(monkeypatch):
         raise ImportError("optimus_eqsat.backend not there")
 
     monkeypatch.setattr(methods, "eqsat_backend", missing)
-    rows = run(BenchConfig(models=["dlrm"], methods=["eager", "optimus_eqsat"], batches=[2],
-                           threads=[1], plan=QUICK, progress=False))
+    rows = run(
+        BenchConfig(
+            models=["dlrm"], methods=["eager", "optimus_eqsat"], batches=[2], threads=[1], plan=QUICK, progress=False
+        )
+    )
     assert [r["method"] for r in rows] == ["eager", "optimus_eqsat"]
     assert rows[0]["error"] == "" and rows[0]["rounds"] == 2
     assert rows[1]["error"].startswith("ImportError")
 
 
 def test_reports_from_synthetic_rows(tmp_path):
-    base = dict(scale=1, rows=1000, batch=4, mode="inference", threads=1, device="cpu", rulesets="default",
-                extractor="default", profile="default", error="", pred_kinds="", mem_source="x", stable=True)
+    base = dict(
+        scale=1,
+        rows=1000,
+        batch=4,
+        mode="inference",
+        threads=1,
+        device="cpu",
+        rulesets="default",
+        extractor="default",
+        profile="default",
+        error="",
+        pred_kinds="",
+        mem_source="x",
+        stable=True,
+    )
     rows = [
-        dict(base, model="m", method="inductor", fx_nodes=100, inductor_launches=10.0,
-             inductor_passes_s=0.1, optimizer_s=math.nan, pred_launches=9.0,
-             emitted_kinds="extern:addmm=4;generated=6", run_ms=1.0, run_ratio_vs_inductor=1.0,
-             run_ratio_p10=1.0, run_ratio_p90=1.0, peak_mem_ratio_vs_inductor=1.0),
-        dict(base, model="m", method="optimus_eqsat", rulesets="splitcat", fx_nodes=100,
-             inductor_launches=4.0, inductor_passes_s=0.1, optimizer_s=0.5, pred_launches=4.0,
-             emitted_kinds="generated=4", run_ms=2.0, run_ratio_vs_inductor=2.0, run_ratio_p10=1.9,
-             run_ratio_p90=2.2, stable=False, peak_mem_ratio_vs_inductor=1.5),
-        dict(base, model="m", method="optimus_eqsat", fx_nodes=math.nan, inductor_launches=math.nan,
-             inductor_passes_s=math.nan, optimizer_s=math.nan, pred_launches=math.nan,
-             emitted_kinds="", run_ms=math.nan, error="ImportError: no backend"),
+        dict(
+            base,
+            model="m",
+            method="inductor",
+            fx_nodes=100,
+            inductor_launches=10.0,
+            inductor_passes_s=0.1,
+            optimizer_s=math.nan,
+            pred_launches=9.0,
+            emitted_kinds="extern:addmm=4;generated=6",
+            run_ms=1.0,
+            run_ratio_vs_inductor=1.0,
+            run_ratio_p10=1.0,
+            run_ratio_p90=1.0,
+            peak_mem_ratio_vs_inductor=1.0,
+        ),
+        dict(
+            base,
+            model="m",
+            method="optimus_eqsat",
+            rulesets="splitcat",
+            fx_nodes=100,
+            inductor_launches=4.0,
+            inductor_passes_s=0.1,
+            optimizer_s=0.5,
+            pred_launches=4.0,
+            emitted_kinds="generated=4",
+            run_ms=2.0,
+            run_ratio_vs_inductor=2.0,
+            run_ratio_p10=1.9,
+            run_ratio_p90=2.2,
+            stable=False,
+            peak_mem_ratio_vs_inductor=1.5,
+        ),
+        dict(
+            base,
+            model="m",
+            method="optimus_eqsat",
+            fx_nodes=math.nan,
+            inductor_launches=math.nan,
+            inductor_passes_s=math.nan,
+            optimizer_s=math.nan,
+            pred_launches=math.nan,
+            emitted_kinds="",
+            run_ms=math.nan,
+            error="ImportError: no backend",
+        ),
     ]
     written = write_all(rows, tmp_path)
-    assert set(written) == {"csv", "summary", "md", "step_time_ratio", "peak_mem_ratio", "launches",
-                            "optimizer_time", "kernel_kinds"}
+    assert set(written) == {
+        "csv",
+        "summary",
+        "md",
+        "step_time_ratio",
+        "peak_mem_ratio",
+        "launches",
+        "optimizer_time",
+        "kernel_kinds",
+    }
     md = (tmp_path / "results.md").read_text()
     assert "splitcat/default/default" in md and "ImportError: no backend" in md
     table = summary_table(pd.DataFrame(rows))
@@ -329,9 +447,18 @@ def test_post_grad_graphs_are_not_counted_as_the_method_s_program():
     """Our backend also optimizes Inductor's aten graphs (the post-grad pass); the row's
     predicted step is that of the program handed to Inductor, not that plus its forward
     and backward aten graphs again (which doubled it)."""
-    rows = run(BenchConfig(models=["dlrm"], methods=["optimus_eqsat"], modes=["training"], batches=[2],
-                           threads=[1], plan=QUICK, progress=False,
-                           eqsat_variants=[EqsatOptions(measure=False)]))
+    rows = run(
+        BenchConfig(
+            models=["dlrm"],
+            methods=["optimus_eqsat"],
+            modes=["training"],
+            batches=[2],
+            threads=[1],
+            plan=QUICK,
+            progress=False,
+            eqsat_variants=[EqsatOptions(measure=False)],
+        )
+    )
     (row,) = rows
     assert row["error"] == ""
     assert 0 < row["pred_step_ms"] <= 1.2 * row["pred_step_ms_dynamo"], row

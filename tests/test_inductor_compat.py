@@ -50,9 +50,11 @@ def test_folded_key_permute_is_split_and_inductor_compiles_it() -> None:
 
 def test_plain_transposes_and_non_attention_matmuls_are_left_alone() -> None:
     # Only the graphs' structure matters here (they are not run).
-    for model in (FoldedKeyAttention(key_dims=(0, 2, 1, 3)),  # keeps the last axis in place
-                  FoldedKeyAttention(key_dims=(0, 1, 3, 2)),  # already a plain transpose(-2, -1)
-                  FoldedKeyAttention(softmax=False)):  # the scores feed no softmax
+    for model in (
+        FoldedKeyAttention(key_dims=(0, 2, 1, 3)),  # keeps the last axis in place
+        FoldedKeyAttention(key_dims=(0, 1, 3, 2)),  # already a plain transpose(-2, -1)
+        FoldedKeyAttention(softmax=False),
+    ):  # the scores feed no softmax
         gm = torch.fx.symbolic_trace(model)
         before = _permutes(gm)
         assert split_attention_key_permutes(gm) == 0

@@ -106,7 +106,9 @@ def test_inductor_optimus_options_apply():
     counters.clear()
     # no FX graph cache: on a cache hit the pre-grad passes (and counters) do not run
     count = count_inductor_kernels(
-        Parallel(), (xs,), options={"fx_graph_cache": False},
+        Parallel(),
+        (xs,),
+        options={"fx_graph_cache": False},
         fusion_options={"batch_relu": {}, "batch_tanh": {}},
     )
     assert count.total >= 1

@@ -20,6 +20,7 @@ them once (:func:`test_compiled_checkpoint_updates_running_statistics_once`).
 The fast tests use small models; ``slow`` ones run every model of
 ``library_style.BUILDERS`` through our backend with and without the measured choice.
 """
+
 from __future__ import annotations
 
 import copy
@@ -66,8 +67,9 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return (out * weights).sum()
 
 
-def train(model: nn.Module, inputs: list[Inputs], run: Callable[..., torch.Tensor] | None = None,
-          seed: int | None = None) -> list[Step]:
+def train(
+    model: nn.Module, inputs: list[Inputs], run: Callable[..., torch.Tensor] | None = None, seed: int | None = None
+) -> list[Step]:
     """One SGD step (lr 0.1) per entry of ``inputs`` on ``model`` through ``run`` (the model
     itself by default), re-seeding the global generator with ``seed`` before each forward."""
     run = model if run is None else run
@@ -79,15 +81,25 @@ def train(model: nn.Module, inputs: list[Inputs], run: Callable[..., torch.Tenso
             torch.manual_seed(seed)
         out = run(*args)
         _loss(out).backward()
-        steps.append(Step(out.detach().clone(),
-                          {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
-                          {n: b.clone() for n, b in model.named_buffers()}))
+        steps.append(
+            Step(
+                out.detach().clone(),
+                {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()},
+                {n: b.clone() for n, b in model.named_buffers()},
+            )
+        )
         opt.step()
     return steps
 
 
-def _check(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor | None, atol: float, what: str,
-           inductor: torch.Tensor | None = None) -> None:
+def _check(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    exact: torch.Tensor | None,
+    atol: float,
+    what: str,
+    inductor: torch.Tensor | None = None,
+) -> None:
     """``got`` close to eager's ``want``; or, failing that, at most 4 times as far from ``exact`` (the
     same steps in float64) as eager (or Inductor alone, ``inductor``) is, plus ``atol``: deepctr's
     linear weights of std 1e-4 under batch norm leave eager's own float32 gradients of such a model
@@ -105,8 +117,13 @@ def _check(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor | None, at
         assert ours_err <= 4 * ref_err + atol, f"{what}: {ours_err:.3g} from float64, eager/Inductor {ref_err:.3g}"
 
 
-def assert_same_steps(got: list[Step], want: list[Step], buffers: list[Step] | None = None,
-                      exact: list[Step] | None = None, inductor: list[Step] | None = None) -> None:
+def assert_same_steps(
+    got: list[Step],
+    want: list[Step],
+    buffers: list[Step] | None = None,
+    exact: list[Step] | None = None,
+    inductor: list[Step] | None = None,
+) -> None:
     """Outputs, gradients (within 1e-5 of the step's largest gradient: a bias before a batch norm
     has a gradient of float noise around zero) and buffers (of ``buffers``, ``want`` by default)
     equal, step by step, or arbitrated by the float64 steps ``exact`` and Inductor's own steps
@@ -114,19 +131,37 @@ def assert_same_steps(got: list[Step], want: list[Step], buffers: list[Step] | N
     for k, (g, w, b) in enumerate(zip(got, want, buffers or want)):
         x = exact[k] if exact is not None else None
         i = inductor[k] if inductor is not None else None
-        _check(g.outputs, w.outputs, None if x is None else x.outputs, 1e-5, f"step {k} outputs",
-               None if i is None else i.outputs)
+        _check(
+            g.outputs,
+            w.outputs,
+            None if x is None else x.outputs,
+            1e-5,
+            f"step {k} outputs",
+            None if i is None else i.outputs,
+        )
         scale = max(t.abs().max().item() for t in w.grads.values() if t is not None)
         for name, grad in w.grads.items():
             other = g.grads[name]
             assert (other is None) == (grad is None), f"step {k}: gradient of {name} missing on one side"
             if grad is not None:
-                _check(other, grad, None if x is None else x.grads[name], 1e-5 * scale, f"step {k} grad {name}",
-                       None if i is None else i.grads[name])
+                _check(
+                    other,
+                    grad,
+                    None if x is None else x.grads[name],
+                    1e-5 * scale,
+                    f"step {k} grad {name}",
+                    None if i is None else i.grads[name],
+                )
         assert g.buffers.keys() == b.buffers.keys()
         for name, buf in b.buffers.items():
-            _check(g.buffers[name], buf, None if x is None else x.buffers[name], 1e-6, f"step {k} buffer {name}",
-                   None if i is None else i.buffers[name])
+            _check(
+                g.buffers[name],
+                buf,
+                None if x is None else x.buffers[name],
+                1e-6,
+                f"step {k} buffer {name}",
+                None if i is None else i.buffers[name],
+            )
 
 
 def _double(x: Any) -> Any:
@@ -148,8 +183,9 @@ def compiled(model: nn.Module, backend: Any) -> Callable[..., torch.Tensor]:
     return torch.compile(model, backend=backend)
 
 
-def check_against_eager(build: Callable[..., tuple[nn.Module, Inputs]], backend: Any, batch: int = 16,
-                        p: float = 0.0) -> None:
+def check_against_eager(
+    build: Callable[..., tuple[nn.Module, Inputs]], backend: Any, batch: int = 16, p: float = 0.0
+) -> None:
     """Two steps of ``build``'s model with dropout ``p`` through ``backend`` against eager (and the
     buffers of a checkpointed model against eager without checkpointing, see the module docstring).
     Where they differ, float64 arbitrates, with Inductor alone's steps as a second float32 reference
@@ -189,9 +225,18 @@ def _set_checkpoint(model: nn.Module, on: bool) -> None:
 def small_rechub_mmoe(checkpoint_experts: bool = False) -> Callable[..., tuple[nn.Module, Inputs]]:
     def build(batch: int, seed: int = 0) -> tuple[nn.Module, Inputs]:
         torch.manual_seed(0)
-        model = RechubMMOE(n_expert=3, expert_dims=(16, 8), tower_dims=(4,), n_sparse=3, n_dense=2, vocab=20,
-                           embed_dim=4, checkpoint_experts=checkpoint_experts).train()
+        model = RechubMMOE(
+            n_expert=3,
+            expert_dims=(16, 8),
+            tower_dims=(4,),
+            n_sparse=3,
+            n_dense=2,
+            vocab=20,
+            embed_dim=4,
+            checkpoint_experts=checkpoint_experts,
+        ).train()
         return model, (rechub_inputs(batch, n_sparse=3, n_dense=2, vocab=20, seed=seed),)
+
     return build
 
 
@@ -199,8 +244,14 @@ def small_deepctr_mmoe(batch: int, seed: int = 0) -> tuple[nn.Module, Inputs]:
     """deepctr's MMOE, small, its weights drawn with std 0.05 (deepctr's ``init_std``; its default
     1e-4 leaves eager's float32 gradients 15% off float64, see :func:`_check`)."""
     torch.manual_seed(0)
-    model = DeepctrMMOE(num_experts=3, expert_dnn_hidden_units=(16, 8), gate_dnn_hidden_units=(8,),
-                        tower_dnn_hidden_units=(8,), init_std=0.05, **DEEPCTR_TRAINING).train()
+    model = DeepctrMMOE(
+        num_experts=3,
+        expert_dnn_hidden_units=(16, 8),
+        gate_dnn_hidden_units=(8,),
+        tower_dnn_hidden_units=(8,),
+        init_std=0.05,
+        **DEEPCTR_TRAINING,
+    ).train()
     return model, (deepctr_inputs(batch, seed=seed),)
 
 
@@ -335,8 +386,9 @@ def test_deepctr_dropout_statistics_without_fallback_random() -> None:
     p = 0.1
     model = DeepctrPLE(**{**DEEPCTR_TRAINING, "dnn_dropout": p}, expert_dnn_hidden_units=(64,))
     experts = [model.specific_experts[0][i][0] for i in range(2)] + [model.shared_experts[0][0][0]]
-    probe = DropoutProbe([(nn.Sequential(e.linears[0], e.bn[0], e.activation_layers[0]), e.dropout)
-                          for e in experts]).train()
+    probe = DropoutProbe(
+        [(nn.Sequential(e.linears[0], e.bn[0], e.activation_layers[0]), e.dropout) for e in experts]
+    ).train()
     x = torch.randn(256, model.input_dim)
     assert_dropout_statistics(compiled(probe, make_backend(measure=False))(x), p)
     assert len(list(batch_norms(probe))) == 3

@@ -33,7 +33,7 @@ def test_split_computes_the_same_function():
     assert work is not None and work.n_values == 2 and len(work.packs) == 2  # two stacks, read through views
     assert not any(n.target is torch.stack for n in work.main.graph.nodes)
     params = [inputs[k] for k in work.param_positions]
-    values = work.prologue(*params)[:work.n_values]
+    values = work.prologue(*params)[: work.n_values]
     torch.testing.assert_close(work.main(*values, *inputs), gm(*inputs))
 
 
@@ -51,7 +51,7 @@ def test_an_in_place_op_whose_result_goes_unused_survives_the_cut():
     work = split_parameter_work(gm, inputs)
     assert work is not None
     assert any(n.target == "mul_" for n in work.main.graph.nodes)
-    values = work.prologue(*[inputs[k] for k in work.param_positions])[:work.n_values]
+    values = work.prologue(*[inputs[k] for k in work.param_positions])[: work.n_values]
     torch.testing.assert_close(work.main(*values, *inputs), gm(*inputs))
 
 
@@ -210,8 +210,10 @@ def test_cached_parameters_price_weight_stacks_as_built_once():
         torch.compile(SplitTowers(towers=8, width=8).eval(), backend=capture)(torch.randn(32, 64))
     gm, x = captured[0]
     with torch.no_grad():
-        per_step, once = (optimize_graph(gm, x, profile="cpu", mode="inference", cached_parameters=c)
-                          .meta["optimus_eqsat"] for c in (False, True))
+        per_step, once = (
+            optimize_graph(gm, x, profile="cpu", mode="inference", cached_parameters=c).meta["optimus_eqsat"]
+            for c in (False, True)
+        )
     assert once.launches_after <= per_step.launches_after
     assert once.cost_after < 0.8 * per_step.cost_after  # the stacks' copies no longer priced
     with torch.enable_grad():  # a training step pays for its stacks whatever the option says
@@ -222,15 +224,17 @@ def test_cached_parameters_price_weight_stacks_as_built_once():
 def test_constant_classes_are_those_computed_from_parameters_alone():
     from optimus_eqsat.egraph_export import ClassRef, ExportedEGraph, TermNode
 
-    g = ExportedEGraph(classes=[
-        [TermNode("Leaf", (0,))],                                  # 0: a parameter
-        [TermNode("Leaf", (1,))],                                  # 1: an activation
-        [TermNode("TNil", (0,))],                                  # 2: the empty list
-        [TermNode("TCons", (ClassRef(0), ClassRef(2)))],           # 3: [param]
-        [TermNode("Cat", (ClassRef(3),))],                         # 4: cat([param])
-        [TermNode("TCons", (ClassRef(1), ClassRef(3)))],           # 5: [act, param]
-        [TermNode("Cat", (ClassRef(5),)), TermNode("LId", (7,))],  # 6: cat([act, param]), a name
-    ])
+    g = ExportedEGraph(
+        classes=[
+            [TermNode("Leaf", (0,))],  # 0: a parameter
+            [TermNode("Leaf", (1,))],  # 1: an activation
+            [TermNode("TNil", (0,))],  # 2: the empty list
+            [TermNode("TCons", (ClassRef(0), ClassRef(2)))],  # 3: [param]
+            [TermNode("Cat", (ClassRef(3),))],  # 4: cat([param])
+            [TermNode("TCons", (ClassRef(1), ClassRef(3)))],  # 5: [act, param]
+            [TermNode("Cat", (ClassRef(5),)), TermNode("LId", (7,))],  # 6: cat([act, param]), a name
+        ]
+    )
     assert g.constant_classes({0}) == {0, 2, 3, 4}
 
 
@@ -238,8 +242,9 @@ def _assert_close(got, want, msg: str = "") -> None:
     """Equal up to float32 reassociation, scaled to each output's magnitude."""
     got, want = (got, want) if isinstance(want, (tuple, list)) else ((got,), (want,))
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * max(1.0, w.abs().max().item()),
-                                   msg=lambda detail: f"{msg}\n{detail}")
+        torch.testing.assert_close(
+            g, w, rtol=1e-4, atol=1e-4 * max(1.0, w.abs().max().item()), msg=lambda detail: f"{msg}\n{detail}"
+        )
 
 
 def _perturb_in_place(module: torch.nn.Module) -> None:
@@ -271,8 +276,9 @@ def test_random_graphs_with_packed_parameters_match_eager_after_updates():
 
     # static, as the cache serves: generated modules can share forward code with graphs other
     # tests compiled at other sizes, and Dynamo's automatic dynamic shapes would follow that
-    packed = sum(bool(_packs_after_updates(random_graph(seed, opaque=False, inplace=False), dynamic=False))
-                 for seed in range(12))
+    packed = sum(
+        bool(_packs_after_updates(random_graph(seed, opaque=False, inplace=False), dynamic=False)) for seed in range(12)
+    )
     assert packed >= 3  # the generator's towers of one shape give stacks to pack
 
 

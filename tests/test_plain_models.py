@@ -5,6 +5,7 @@ nothing worth a different program, and a training step must equal eager's (outpu
 gradients, batch norms' running statistics). Small versions of
 ``benchmarks/plain_models.py``'s models (their compile time is that benchmark's).
 """
+
 from __future__ import annotations
 
 import copy

@@ -27,8 +27,9 @@ class TinyExperts(nn.Module):
 
     def __init__(self, experts: int = 4, width: int = 12, hidden: int = 16) -> None:
         super().__init__()
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, 8))
-                                     for _ in range(experts))
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, 8)) for _ in range(experts)
+        )
         self.norms = nn.ModuleList(nn.LayerNorm(8) for _ in range(experts))
         self.gate = nn.Linear(width, experts)
 
@@ -65,8 +66,10 @@ def _assert_step_matches(reference, candidate, inputs, wrt) -> None:
 def test_pass_on_captured_aten_graphs_matches_eager():
     model, inputs = _model_and_inputs()
     gm, example = capture_dynamo_graph(model, inputs)
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if not isinstance(t, nn.Parameter) else t
-              for t in example]
+    leaves = [
+        t.detach().clone().requires_grad_(t.is_floating_point()) if not isinstance(t, nn.Parameter) else t
+        for t in example
+    ]
     wrt = [t for t in leaves if t.requires_grad]
     optimizer = PostGradPass(profile="cpu", raise_on_error=True)
     seen: list[torch.fx.GraphModule] = []
@@ -240,8 +243,9 @@ def test_backend_post_grad_end_to_end_matches_eager_and_restores_config():
 
     model, inputs = _model_and_inputs()
     backend = make_backend(pre_grad=False, post_grad=True, measure=False, profile="cpu", raise_on_error=True)
-    with config.patch(post_grad_custom_pre_pass=users_pass, post_grad_custom_post_pass=users_post_pass,
-                      fx_graph_cache=False):
+    with config.patch(
+        post_grad_custom_pre_pass=users_pass, post_grad_custom_post_pass=users_post_pass, fx_graph_cache=False
+    ):
         (out_o, grad_o), (out_e, grad_e) = _compile_step(model, inputs, backend)
         assert config.post_grad_custom_pre_pass is users_pass  # ours was patched around our compile only
     assert config.post_grad_custom_pre_pass is None
@@ -264,8 +268,9 @@ def test_a_graph_no_pass_rewrites_compiles_with_the_users_inductor_settings():
     inplace = []
     model, inputs = nn.Linear(8, 4), (torch.randn(3, 8),)
     backend = make_backend(measure=False, profile="cpu")
-    with config.patch(post_grad_custom_post_pass=lambda graph: inplace.append(config.inplace_buffers),
-                      fx_graph_cache=False):
+    with config.patch(
+        post_grad_custom_post_pass=lambda graph: inplace.append(config.inplace_buffers), fx_graph_cache=False
+    ):
         _compile_step(model, inputs, backend)
     assert all(r.fell_back or not r.changed for _, r in backend.post_grad_reports)
     assert inplace == [True, True]

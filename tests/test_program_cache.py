@@ -249,8 +249,15 @@ def test_a_choice_that_needed_no_timing_is_stored_so_a_cache_served_program_is_n
 def test_a_cached_decision_for_the_original_compiles_the_original_alone(cache_dir, monkeypatch):
     import optimus_eqsat.backend as backend_module
 
-    decided = GuardResult(kept="original", step_s={"original": 1e-3, "optimized": 2e-3}, ratio=2.0,
-                          ratio_p25=1.9, ratio_p75=2.1, rounds=5, reason="measured")
+    decided = GuardResult(
+        kept="original",
+        step_s={"original": 1e-3, "optimized": 2e-3},
+        ratio=2.0,
+        ratio_p25=1.9,
+        ratio_p75=2.1,
+        rounds=5,
+        reason="measured",
+    )
     monkeypatch.setattr(backend_module, "load_decision", lambda key: StoredDecision("original", decided))
     optimized: list = []
     monkeypatch.setattr(backend_module, "optimize_graph", lambda *a, **k: optimized.append(1))

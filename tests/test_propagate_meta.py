@@ -16,8 +16,16 @@ from optimus_eqsat.rebuild import propagate_meta
 
 def _describe(v):
     if isinstance(v, torch.Tensor):
-        return ("tensor", tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device, v.requires_grad,
-                type(v).__name__)
+        return (
+            "tensor",
+            tuple(v.shape),
+            v.stride(),
+            v.storage_offset(),
+            v.dtype,
+            v.device,
+            v.requires_grad,
+            type(v).__name__,
+        )
     if isinstance(v, (tuple, list)):
         return tuple(_describe(x) for x in v)
     return v
@@ -51,8 +59,12 @@ def _reference(gm, inputs):
     saved = _save(gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
-        fakes = [torch.empty_strided(tuple(x.shape), x.stride(), dtype=x.dtype, device=x.device)
-                 if isinstance(x, torch.Tensor) else x for x in inputs]
+        fakes = [
+            torch.empty_strided(tuple(x.shape), x.stride(), dtype=x.dtype, device=x.device)
+            if isinstance(x, torch.Tensor)
+            else x
+            for x in inputs
+        ]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
     ref = _snapshot(gm), _snapshot(gm, placeholder_grad=False)
     _restore(gm, saved)

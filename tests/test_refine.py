@@ -14,8 +14,9 @@ def _term(ctor: str) -> SimpleNamespace:
 
 
 # class 0: x; class 1: a batched term (id 7) or a cat of views; class 2: a linear batch (id 8)
-EGRAPH = SimpleNamespace(class_of_id={7: 1, 8: 2},
-                         classes=[[_term("Leaf")], [_term("Op2"), _term("Cat")], [_term("Op3")]])
+EGRAPH = SimpleNamespace(
+    class_of_id={7: 1, 8: 2}, classes=[[_term("Leaf")], [_term("Op2"), _term("Cat")], [_term("Op3")]]
+)
 OUTPUTS = {"batch-linear": [8], "batch-elementwise": [7], "batch-unused": [99]}
 
 
@@ -28,8 +29,9 @@ def test_kinds_used_puts_the_least_sure_prices_first():
 
 
 def test_without_forbids_only_the_batched_computation():
-    graph = ExtractionGraph([[ENode("x", (), 0.0)], [ENode("b", (0,), 1.0), ENode("cat", (0,), 2.0)],
-                             [ENode("l", (0,), 3.0)]], roots=[1, 2])
+    graph = ExtractionGraph(
+        [[ENode("x", (), 0.0)], [ENode("b", (0,), 1.0), ENode("cat", (0,), 2.0)], [ENode("l", (0,), 3.0)]], roots=[1, 2]
+    )
     banned = BatchRefine(EGRAPH, OUTPUTS, 10.0).without(["batch-elementwise"], graph)
     assert banned.classes[1][0].cost == math.inf and banned.classes[1][1].cost == 2.0  # the cat stays
     assert banned.classes[2] is graph.classes[2] and banned.roots == graph.roots
@@ -39,8 +41,13 @@ def test_run_keeps_the_fastest_variant_within_the_time_limit():
     report = SimpleNamespace(phase_seconds={"extract": 0.0}, extractor="ilp", refine_tried=[])
     policy = BatchRefine(EGRAPH, OUTPUTS, 10.0)
     seconds = {("batch-elementwise",): 2.0, ("batch-linear",): 1.0, ("batch-elementwise", "batch-linear"): 1.5}
-    best = policy.run({1: 0, 2: 0}, Variant((), 5, 3.0), report, lambda dropped: (dropped, dropped),
-                      lambda dropped: (1, seconds[dropped]))
+    best = policy.run(
+        {1: 0, 2: 0},
+        Variant((), 5, 3.0),
+        report,
+        lambda dropped: (dropped, dropped),
+        lambda dropped: (1, seconds[dropped]),
+    )
     assert report.refine_tried == [["batch-elementwise"], ["batch-linear"], ["batch-elementwise", "batch-linear"]]
     assert (best.dropped, best.seconds, best.kept) == (("batch-linear",), 1.0, ("batch-linear",))
     slow = SimpleNamespace(phase_seconds={"extract": 11.0}, extractor="greedy", refine_tried=[])

@@ -38,8 +38,17 @@ def test_sound_rules_of_each_form_pass():
 (rule ((= t (Unary "neg" x))) ((mine-neg t x)) :ruleset mine :name "mine-neg-facts")
 (rule ((mine-neg t x) (= u (Unary "neg" t))) ((union u x)) :ruleset mine :name "neg-neg-via-relation")
 """)
-    for name in ("add-comm", "mul-assoc", "neg-add", "slice-slice", "mul-mul", "permute-permute", "slice-full",
-                 "cat-one", "neg-neg-via-relation"):
+    for name in (
+        "add-comm",
+        "mul-assoc",
+        "neg-add",
+        "slice-slice",
+        "mul-mul",
+        "permute-permute",
+        "slice-full",
+        "cat-one",
+        "neg-neg-via-relation",
+    ):
         assert found[name].status == "sound", found[name]
         assert found[name].instances == 30
     assert found["mine-neg-facts"].status == "not checked" and "analysis" in found["mine-neg-facts"].reason
@@ -69,36 +78,45 @@ def test_a_rule_that_holds_only_for_some_ops_is_unsound():
 
 
 def test_slice_off_by_one_reshape_that_is_no_view_and_permute_in_wrong_order():
-    _unsound('(rewrite (Slice (Slice x d a b) d c e) (Slice x d (+ a c) (+ (+ a e) 1)) :ruleset mine)')
-    _unsound('(rewrite (Slice (Slice x d a b) d c e) (Slice x d (+ b c) (+ b e)) :ruleset mine)')
+    _unsound("(rewrite (Slice (Slice x d a b) d c e) (Slice x d (+ a c) (+ (+ a e) 1)) :ruleset mine)")
+    _unsound("(rewrite (Slice (Slice x d a b) d c e) (Slice x d (+ b c) (+ b e)) :ruleset mine)")
     # reshape after a transpose is not a reshape of the original: same shape, other elements
-    verdict = _unsound('(rewrite (Reshape (Permute x p) s) (Reshape x s) :ruleset mine)')
+    verdict = _unsound("(rewrite (Reshape (Permute x p) s) (Reshape x s) :ruleset mine)")
     assert "values differ" in verdict.reason
-    _unsound("(rule ((= t (Permute (Permute x p) q)) (= (vec-length q) 3))"
-             " ((union t (Permute x (vec-of (vec-get q (vec-get p 0)) (vec-get q (vec-get p 1)) (vec-get q (vec-get p 2))))))"
-             " :ruleset mine)")
+    _unsound(
+        "(rule ((= t (Permute (Permute x p) q)) (= (vec-length q) 3))"
+        " ((union t (Permute x (vec-of (vec-get q (vec-get p 0)) (vec-get q (vec-get p 1)) (vec-get q (vec-get p 2))))))"
+        " :ruleset mine)"
+    )
 
 
 def test_a_rule_true_only_for_float_dtypes_is_caught():
     # x*y/y == x for same-shaped floats (y = 0 gives NaN, which may become anything), but
     # not for integers: the division makes floats
-    verdict = _unsound('(rule ((= t (Binary "div" (Binary "mul" x y) y)) (= s (shape x)) (= s (shape y))) '
-                       '((union t x)) :ruleset mine :name "mul-div")')
+    verdict = _unsound(
+        '(rule ((= t (Binary "div" (Binary "mul" x y) y)) (= s (shape x)) (= s (shape y))) '
+        '((union t x)) :ruleset mine :name "mul-div")'
+    )
     assert "dtypes differ" in verdict.reason and "int" in dict(verdict.counterexample.values)["x"]
 
 
 def test_a_wrong_shape_claim_is_caught():
-    verdict = _unsound("(rule ((= t (Slice x d a b)) (= s (shape x))) ((set (shape t) (vec-set s d (- b (+ a 1))))) :ruleset mine)")
+    verdict = _unsound(
+        "(rule ((= t (Slice x d a b)) (= s (shape x))) ((set (shape t) (vec-set s d (- b (+ a 1))))) :ruleset mine)"
+    )
     assert "shape stated" in verdict.reason
 
 
 def test_rules_without_meaning_or_instances_are_not_checked_and_say_why():
-    found = verdicts("""
+    found = verdicts(
+        """
 (constructor Mine (Tensor) Tensor)
 (rewrite (Unary op x) (Mine x) :ruleset mine :name "own-constructor")
 (rewrite (Unary "relu:3" (Unary "relu:3" x)) (Unary "relu:3" x) :ruleset mine :name "numbered-key")
 (rewrite (Slice x 0 5 3) x :ruleset mine :name "never-valid")
-""", samples=10)
+""",
+        samples=10,
+    )
     assert all(v.status == "not checked" for v in found.values()), found
     assert "Mine" in found["own-constructor"].reason
     assert "relu:3" in found["numbered-key"].reason

@@ -74,8 +74,9 @@ def test_rule_firings_grow_linearly(name):
     small_nodes, small = _firings(name, SMALL)
     big_nodes, big = _firings(name, GROWTH * SMALL)
     assert big_nodes >= (GROWTH - 0.5) * small_nodes, (small_nodes, big_nodes)
-    too_many = {rule: (small.get(rule, 0), n) for rule, n in big.items()
-                if n > (GROWTH + 1) * small.get(rule, 0) + big_nodes}
+    too_many = {
+        rule: (small.get(rule, 0), n) for rule, n in big.items() if n > (GROWTH + 1) * small.get(rule, 0) + big_nodes
+    }
     assert not too_many, f"firings at {small_nodes} -> {big_nodes} nodes: {too_many}"
 
 

@@ -187,12 +187,16 @@ def _runs_out_of_order(x):
     return torch.cat([s[i] for i in range(20, 37)] + [s[i] for i in range(13)], dim=1).relu()
 
 
-@pytest.mark.parametrize("pattern, shapes, most_cat_inputs", [
-    (_run_37_unit_pieces, [(3, 37)], 0),
-    (_run_ragged_pieces, [(3, 37)], 0),
-    (_runs_around_another_tensor, [(3, 37), (3, 5)], 3),
-    (_runs_out_of_order, [(3, 37)], 2),
-], ids=lambda v: getattr(v, "__name__", None))
+@pytest.mark.parametrize(
+    "pattern, shapes, most_cat_inputs",
+    [
+        (_run_37_unit_pieces, [(3, 37)], 0),
+        (_run_ragged_pieces, [(3, 37)], 0),
+        (_runs_around_another_tensor, [(3, 37), (3, 5)], 3),
+        (_runs_out_of_order, [(3, 37)], 2),
+    ],
+    ids=lambda v: getattr(v, "__name__", None),
+)
 def test_long_runs_merge_into_one_piece_each(pattern, shapes, most_cat_inputs):
     inputs = tuple(torch.randn(*s) for s in shapes)
     optimized = optimize_and_check(pattern, *inputs)

@@ -70,7 +70,7 @@ def _member_grads(model: nn.Module, ref: nn.Module) -> dict[str, torch.Tensor]:
                 grads[member] = stack.grad[k].t() if group.transposed else stack.grad[k]
             else:
                 n = ref.get_parameter(member).shape[0]
-                grads[member] = stack.grad[offset:offset + n]
+                grads[member] = stack.grad[offset : offset + n]
                 offset += n
     return grads
 
@@ -78,8 +78,12 @@ def _member_grads(model: nn.Module, ref: nn.Module) -> dict[str, torch.Tensor]:
 def test_layout_reads_the_same_values_with_fewer_leaves() -> None:
     ref, model = _stacked()
     groups = {g.path: g for g in stacked_groups(model)}
-    assert set(groups) == {"experts._optimus_stack0_weight", "experts._optimus_stack0_bias",
-                           "experts._optimus_stack1_weight", "_optimus_stack0_bias"}
+    assert set(groups) == {
+        "experts._optimus_stack0_weight",
+        "experts._optimus_stack0_bias",
+        "experts._optimus_stack1_weight",
+        "_optimus_stack0_bias",
+    }
     assert groups["_optimus_stack0_bias"] == StackedGroup("", "_optimus_stack0_bias", tuple(PLAN[3][1]), "cat")
     first = model.get_parameter("experts._optimus_stack0_weight")
     assert first.shape == (4, 16, 32) and first.is_contiguous()  # the members transposed
@@ -99,11 +103,15 @@ def test_layout_reads_the_same_values_with_fewer_leaves() -> None:
     assert isinstance(model.experts[2][0], nn.Linear)
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-    lambda ps: torch.optim.Adam(ps, lr=0.01),
-    lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
-], ids=["sgd", "adam", "adamw"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        lambda ps: torch.optim.Adam(ps, lr=0.01),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    ],
+    ids=["sgd", "adam", "adamw"],
+)
 def test_training_steps_equal_the_unstacked_model(make_opt) -> None:
     ref, model = _stacked()
     opt_ref, opt = make_opt(ref.parameters()), make_opt(model.parameters())
@@ -195,8 +203,10 @@ def test_unstack_restores_the_original_layout() -> None:
         assert torch.equal(p, q + 1.0 if name.endswith("0.weight") and name.startswith("experts") else q), name
     assert list(model.state_dict()) == list(ref.state_dict())
     assert all(p.is_contiguous() for p in model.parameters())
-    assert model.experts[0][0].weight.untyped_storage().data_ptr() != \
-        model.experts[1][0].weight.untyped_storage().data_ptr()
+    assert (
+        model.experts[0][0].weight.untyped_storage().data_ptr()
+        != model.experts[1][0].weight.untyped_storage().data_ptr()
+    )
 
 
 def test_hooks_on_a_stacked_module_still_fire() -> None:

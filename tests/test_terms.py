@@ -38,7 +38,7 @@ def test_seeded_chunks_carry_dim_and_suffix_size():
     seeds = [f for f in facts if isinstance(f, ListFacts)]
     assert len(seeds) == 3  # one per named chunk; the head chunk stays inline
     # named from the end: first the last 5 items, last the suffix after the head chunk
-    assert seeds[0].size == sum(sizes[3 * MAX_INLINE_LIST:])
+    assert seeds[0].size == sum(sizes[3 * MAX_INLINE_LIST :])
     assert seeds[-1].size == sum(sizes[MAX_INLINE_LIST:])
     assert [(f.name, f.dim) for f in seeds] == [(LId(k), 1) for k in range(1000, 1003)]
     assert seeds[0].render() == f"(set (ldim (LId 1000)) 1)\n(set (lsize (LId 1000)) {seeds[0].size})"

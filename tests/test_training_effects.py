@@ -28,8 +28,9 @@ class Experts(nn.Module):
     """Experts of (Linear -> BatchNorm1d -> ReLU -> Dropout) x 2 on one input, summed: the
     layer as torch-rechub's MLP writes it."""
 
-    def __init__(self, n: int = 4, width: int = 12, p: float = 0.0, momentum: float | None = 0.1,
-                 checkpointed: bool = False):
+    def __init__(
+        self, n: int = 4, width: int = 12, p: float = 0.0, momentum: float | None = 0.1, checkpointed: bool = False
+    ):
         super().__init__()
         self.checkpointed = checkpointed
 
@@ -74,8 +75,9 @@ def _train_steps(model: nn.Module, x: torch.Tensor, run=None, steps: int = 2) ->
     return outs, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _assert_trained_alike(reference: nn.Module, ours: nn.Module, x: torch.Tensor, run_reference=None,
-                          run_ours=None) -> None:
+def _assert_trained_alike(
+    reference: nn.Module, ours: nn.Module, x: torch.Tensor, run_reference=None, run_ours=None
+) -> None:
     """Outputs and gradients of two SGD steps and the buffers (statistics, counters) after them
     equal; ``run_*`` (the modules themselves by default) are what is called, compiled or not."""
     want, want_grads = _train_steps(reference, x, run_reference)
@@ -265,16 +267,15 @@ def test_checkpointed_experts_batch_and_train_as_inductor():
 
     torch._dynamo.reset()
     reference = torch.compile(model, backend="aot_eager")  # (AOTAutograd's regions, no optimizer)
-    _assert_trained_alike(model, ours, torch.randn(16, 8), run_reference=reference,
-                          run_ours=torch.compile(ours, backend=recorded))
+    _assert_trained_alike(
+        model, ours, torch.randn(16, 8), run_reference=reference, run_ours=torch.compile(ours, backend=recorded)
+    )
     report = backend.reports[0]
     assert report.batched.get("batch-linear", 0) >= 8 and not report.fell_back, report.fallback_reason
     [program] = programs
     linears = [n for n in program.graph.nodes if canonical_name(n) in ("linear", "matmul", "bmm", "baddbmm")]
     assert any(canonical_name(a) in ("cat", "stack") for n in linears for a in n.all_input_nodes)  # batched
     assert linears and all("recompute" in n.meta for n in linears)  # recomputed in the backward
-
-
 
 
 def test_random_ops_under_fallback_random_keep_their_inputs_layout():

@@ -12,6 +12,7 @@ norms without affine parameters or running statistics, LayerNorm without affine 
 forward hooks and pre-hooks, in-place ``+=`` / ``relu_``, frozen embeddings, dict and tuple
 outputs, a train -> serve -> train cycle, a dynamic batch size.
 """
+
 from __future__ import annotations
 
 import copy

@@ -1,6 +1,7 @@
 """The benchmark zoo: every model builds deterministically, runs forward and
 backward, and traces with torch.fx.symbolic_trace and Dynamo (no graph breaks)
 to the same outputs. Fast: scale 1, batch 4, no Inductor (see the slow test)."""
+
 from __future__ import annotations
 
 import pytest

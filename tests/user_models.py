@@ -2,6 +2,7 @@
 deepctr's DIN with Dice, Hugging Face's stacked-expert MoE, rechub's MMOE with every kind of
 batch norm, forward hooks and in-place ops, frozen embeddings, dict outputs), with batches.
 ``tests/test_user_shaped_models.py`` trains them through the backend against eager."""
+
 from __future__ import annotations
 
 import torch
@@ -112,7 +113,7 @@ class StackedMoE(nn.Module):
         out = torch.zeros_like(flat)
         rows = torch.arange(flat.shape[0], device=flat.device)
         for e in range(self.experts):
-            y = F.silu(flat @ self.w1[e]) @ self.w2[e] * routing[:, e:e + 1]
+            y = F.silu(flat @ self.w1[e]) @ self.w2[e] * routing[:, e : e + 1]
             out = out.index_add(0, rows, y)
         return self.head(h + out.reshape(h.shape)).mean()
 
@@ -130,11 +131,20 @@ class NormMMOE(nn.Module):
         super().__init__()
         kw = {"noaffine": dict(affine=False), "notrack": dict(track_running_stats=False), "plain": {}}[norm]
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(inputs, 16), nn.BatchNorm1d(16, **kw), nn.PReLU(), nn.Linear(16, 8),
-                          nn.LayerNorm(8, elementwise_affine=False), nn.ReLU()) for _ in range(experts))
+            nn.Sequential(
+                nn.Linear(inputs, 16),
+                nn.BatchNorm1d(16, **kw),
+                nn.PReLU(),
+                nn.Linear(16, 8),
+                nn.LayerNorm(8, elementwise_affine=False),
+                nn.ReLU(),
+            )
+            for _ in range(experts)
+        )
         self.gates = nn.ModuleList(nn.Linear(inputs, experts) for _ in range(2))
         self.towers = nn.ModuleList(
-            nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, **kw), nn.ReLU(), nn.Linear(8, 1)) for _ in range(2))
+            nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, **kw), nn.ReLU(), nn.Linear(8, 1)) for _ in range(2)
+        )
 
     def forward(self, x):
         ex = torch.stack([e(x) for e in self.experts], 1)
@@ -152,7 +162,8 @@ class HookedMMOE(nn.Module):
     def __init__(self):
         super().__init__()
         self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(10, 16), nn.ReLU(inplace=True), nn.Linear(16, 8)) for _ in range(3))
+            nn.Sequential(nn.Linear(10, 16), nn.ReLU(inplace=True), nn.Linear(16, 8)) for _ in range(3)
+        )
         self.gates = nn.ModuleList(nn.Linear(10, 3) for _ in range(2))
         self.towers = nn.ModuleList(nn.Linear(8, 1) for _ in range(2))
         for e in self.experts:
@@ -202,8 +213,13 @@ class WideDeep(nn.Module):
         super().__init__()
         self.wide = nn.ModuleList(nn.Embedding(vocab, 1) for _ in range(features))
         self.embs = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(features))
-        self.deep = nn.Sequential(nn.Linear(features * dim + 3, 64), nn.ReLU(inplace=True),
-                                  nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 1))
+        self.deep = nn.Sequential(
+            nn.Linear(features * dim + 3, 64),
+            nn.ReLU(inplace=True),
+            nn.Linear(64, 32),
+            nn.ReLU(inplace=True),
+            nn.Linear(32, 1),
+        )
         self.linear = nn.Linear(3, 1)
 
     def forward(self, sparse, dense):

@@ -15,6 +15,7 @@ default test paths) for their memory. ``ALL_MODELS`` is both.
     >>> model = spec.build(scale=1, seed=0)
     >>> out = model(*spec.inputs(batch=4, seed=0))
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -64,8 +65,9 @@ class ModelSpec:
         """The same model with ``rows`` rows per table (ValueError without tables)."""
         if self.rows is None:
             raise ValueError(f"{self.name} has no embedding tables")
-        return replace(self, name=name or self.name, rows=rows,
-                       description=f"{self.description}; {rows:,} rows per table")
+        return replace(
+            self, name=name or self.name, rows=rows, description=f"{self.description}; {rows:,} rows per table"
+        )
 
 
 _SPECS = [
@@ -124,8 +126,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
 # tables hold 256 MB (mmoe_big) to 576 MB (deepfm_big) of float32 per copy.
 BIG_ROWS = 1_000_000
 BIG_MODELS: dict[str, ModelSpec] = {
-    f"{name}_big": MODELS[name].with_rows(BIG_ROWS, name=f"{name}_big")
-    for name in ("dlrm", "dcnv2", "deepfm", "mmoe")
+    f"{name}_big": MODELS[name].with_rows(BIG_ROWS, name=f"{name}_big") for name in ("dlrm", "dcnv2", "deepfm", "mmoe")
 }
 ALL_MODELS: dict[str, ModelSpec] = {**MODELS, **BIG_MODELS}
 

@@ -5,6 +5,7 @@ table, a gated mixture of experts) is written once. All blocks are plain
 ``nn.Module``s whose forward is straight-line tensor code, so they trace with
 ``torch.fx.symbolic_trace`` as well as with Dynamo.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

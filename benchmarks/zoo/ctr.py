@@ -1,5 +1,6 @@
 """CTR models over many sparse features: DeepFM (Guo et al., 2017) and
 DCN-v2 (Wang et al., 2021, parallel structure)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """DLRM: bottom MLP on dense features, many same-width embedding tables,
 pairwise dot interaction, top MLP (Naumov et al., 2019)."""
+
 from __future__ import annotations
 
 import torch

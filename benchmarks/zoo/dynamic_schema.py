@@ -9,6 +9,7 @@ split->cat round trips, a shuffled split->cat and unbind->stack (plain and
 around a pointwise op) are mixed in, so both split/cat and batching rewrites
 have work. N = 20 * scale (scale 100 gives the paper's ~2000 features).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -98,9 +99,7 @@ class DynamicSchema(nn.Module):
         # both tracers.
         self.widths = widths = schema.widths
         self.blocks = schema.blocks
-        self.features = nn.ModuleList(
-            FeaturePath(w, ACTIVATIONS[i % len(ACTIVATIONS)]) for i, w in enumerate(widths)
-        )
+        self.features = nn.ModuleList(FeaturePath(w, ACTIVATIONS[i % len(ACTIVATIONS)]) for i, w in enumerate(widths))
         self.block_sizes = [sum(widths[i] for i in blk) for blk in self.blocks]
         passthrough = sum(self.block_sizes[::3])  # spelling-0 blocks are passed through
         head_in = PROJ * len(widths) + passthrough + 2 * SEQ_LEN * SEQ_DIM

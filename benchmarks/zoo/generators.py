@@ -9,6 +9,7 @@ count itself rather than a multiple of a scale, so a study can sweep any N:
 
 They are kept out of ``MODELS`` (the harness's and the snapshots' model list).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,15 +47,23 @@ class FeatureSpec:
 
 def ragged_inputs(batch: int, seed: int, features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(dense, seq) for a :class:`DynamicSchema` of ``features`` features."""
-    return (build_inputs.dense(batch, Schema(features).dense_width, seed),
-            build_inputs.dense(batch, SEQ_DIM, seed + 1, SEQ_LEN))
+    return (
+        build_inputs.dense(batch, Schema(features).dense_width, seed),
+        build_inputs.dense(batch, SEQ_DIM, seed + 1, SEQ_LEN),
+    )
 
 
 GENERATORS: dict[str, FeatureSpec] = {
     "ragged": FeatureSpec(
-        "ragged", lambda n: DynamicSchema(num_features=n), ragged_inputs,
-        "dynamic schema: widths 4/8/16, split/narrow/getitem slicing, split/cat tangles, a head"),
+        "ragged",
+        lambda n: DynamicSchema(num_features=n),
+        ragged_inputs,
+        "dynamic schema: widths 4/8/16, split/narrow/getitem slicing, split/cat tangles, a head",
+    ),
     "uniform": FeatureSpec(
-        "uniform", UniformTowers, uniform_inputs,
-        "N towers of width 16: split -> layer norm -> Linear(16, 16) -> relu, one cat, no head"),
+        "uniform",
+        UniformTowers,
+        uniform_inputs,
+        "N towers of width 16: split -> layer norm -> Linear(16, 16) -> relu, one cat, no head",
+    ),
 }

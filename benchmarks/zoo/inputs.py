@@ -3,6 +3,7 @@
 Inputs are drawn from a private seeded generator, so the same (batch, seed)
 always gives the same tensors and the global RNG is left alone.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Multi-task models with experts and gates: MMoE (Ma et al., 2018) and
 PLE (Tang et al., 2020), sharing one sparse/dense input arch."""
+
 from __future__ import annotations
 
 import torch
@@ -78,10 +79,7 @@ class PLELevel(nn.Module):
         *task_states, shared_state = states
         shared = self.shared(shared_state)
         own = [group(x) for group, x in zip(self.task_experts, task_states)]
-        outs = [
-            gate(x, torch.cat([mine, shared], dim=1))
-            for gate, x, mine in zip(self.task_gates, task_states, own)
-        ]
+        outs = [gate(x, torch.cat([mine, shared], dim=1)) for gate, x, mine in zip(self.task_gates, task_states, own)]
         if self.shared_gate is not None:
             outs.append(self.shared_gate(shared_state, torch.cat([*own, shared], dim=1)))
         return outs
@@ -96,9 +94,7 @@ class PLE(nn.Module):
         per_group = 2 * scale
         self.input = InputArch(rows)
         dims = [IN_DIM] + [EXPERT_SIZES[-1]] * (levels - 1)
-        self.levels = nn.ModuleList(
-            PLELevel(d, per_group, last=i == levels - 1) for i, d in enumerate(dims)
-        )
+        self.levels = nn.ModuleList(PLELevel(d, per_group, last=i == levels - 1) for i, d in enumerate(dims))
         self.towers = towers()
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> tuple[torch.Tensor, ...]:

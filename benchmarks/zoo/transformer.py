@@ -1,5 +1,6 @@
 """A pre-LayerNorm transformer encoder block stack with separate q/k/v linears
 (the batch_linear_lhs pattern: three linears sharing one input)."""
+
 from __future__ import annotations
 
 import math

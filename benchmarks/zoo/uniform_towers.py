@@ -7,6 +7,7 @@ are concatenated. No head: the graph is nothing but N identical towers, so a
 batching optimizer can turn it into one program of a few kernels whatever N
 is (the ragged, tangled counterpart is :mod:`dynamic_schema`).
 """
+
 from __future__ import annotations
 
 import torch

@@ -81,7 +81,8 @@ def fit_host_costs(counts: Sequence[Counts], times: np.ndarray, field_prefix: st
         raise NonsenseFitError(
             "nonsense fit, negative per-call costs: "
             + ", ".join(f"{name} = {cost * 1e6:.3g} us" for name, cost in significant.items())
-            + " (beyond their per-round spread); the machine may be too noisy: rerun")
+            + " (beyond their per-round spread); the machine may be too noisy: rerun"
+        )
     if (coef < 0).any():  # zero within the noise: the best fit with every cost >= 0
         coef, _ = nnls(weighted, medians * weights)
     residual = design @ coef - medians

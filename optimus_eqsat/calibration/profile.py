@@ -161,8 +161,7 @@ class CalibratedProfile:
 
     def table(self) -> str:
         """A short text table: each primitive, its value and spread."""
-        rows = [f"{self.device} ({self.device_kind}, {self.dtype}, torch {self.torch_version}, "
-                f"threads {self.threads})"]
+        rows = [f"{self.device} ({self.device_kind}, {self.dtype}, torch {self.torch_version}, threads {self.threads})"]
 
         def line(name: str, value: float | None, unit: str, scale: float) -> None:
             if value is None:
@@ -172,18 +171,31 @@ class CalibratedProfile:
             spread_txt = f"  IQR {spread * scale:.3g}" if spread is not None else ""
             rows.append(f"  {name:<28} {value * scale:12.4g} {unit}{spread_txt}")
 
-        for name in (*PER_CALL_FIELDS, "input_s", "trained_input_s", "view_s", "reduction_s", "reduction_row_s", "cudagraph_call_s",
-                     "cudagraph_kernel_s"):
+        for name in (
+            *PER_CALL_FIELDS,
+            "input_s",
+            "trained_input_s",
+            "view_s",
+            "reduction_s",
+            "reduction_row_s",
+            "cudagraph_call_s",
+            "cudagraph_kernel_s",
+        ):
             line(name, getattr(self, name), "us", 1e6)
         line("mem_bandwidth_bytes_per_s", self.mem_bandwidth_bytes_per_s, "GB/s", 1e-9)
         line("pointwise_flops_per_s", self.pointwise_flops_per_s, "GFLOP/s", 1e-9)
         if self.fit:
-            rows.append(f"  fit: {len(self.fit.get('programs', []))} programs, residual rms "
-                        f"{self.fit.get('residual_rms_s', float('nan')) * 1e6:.3g} us "
-                        f"({self.fit.get('residual_rel', float('nan')):.1%}), kernel counts verified: "
-                        f"{self.fit.get('counts_verified')}")
+            rows.append(
+                f"  fit: {len(self.fit.get('programs', []))} programs, residual rms "
+                f"{self.fit.get('residual_rms_s', float('nan')) * 1e6:.3g} us "
+                f"({self.fit.get('residual_rel', float('nan')):.1%}), kernel counts verified: "
+                f"{self.fit.get('counts_verified')}"
+            )
         if self.matmul:
             rows.append("  matmul (op batch M K N: GFLOP/s, * = overhead-bound lower bound)")
-            rows.extend(f"    {e.op:<3} {e.batch:>3} {e.m:>5} {e.k:>5} {e.n:>5}: "
-                        f"{e.flops_per_s * 1e-9:10.4g}{' *' if e.overhead_bound else ''}" for e in self.matmul)
+            rows.extend(
+                f"    {e.op:<3} {e.batch:>3} {e.m:>5} {e.k:>5} {e.n:>5}: "
+                f"{e.flops_per_s * 1e-9:10.4g}{' *' if e.overhead_bound else ''}"
+                for e in self.matmul
+            )
         return "\n".join(rows)

@@ -116,6 +116,7 @@ def _passthrough_op() -> Any:
     """``optimus_eqsat_calibration::passthrough``: a Python custom op returning a clone."""
     global _custom_op
     if _custom_op is None:
+
         @torch.library.custom_op(f"{CUSTOM_NAMESPACE}::passthrough", mutates_args=())
         def passthrough(x: torch.Tensor) -> torch.Tensor:
             return x.clone()
@@ -167,8 +168,9 @@ def inputs_program(k: int, device: str, dtype: torch.dtype, trained: bool = Fals
     module = type(name, (torch.nn.Module,), {"forward": forward})()  # own class: its own code object and cache
     module.layers = layers
     x = torch.randn(8, 8, device=device, dtype=dtype)
-    return Program(name, "trained" if trained else "inputs", k, module, (x,), {"generated": 1, "extern": 0,
-                                                                                "custom": 0})
+    return Program(
+        name, "trained" if trained else "inputs", k, module, (x,), {"generated": 1, "extern": 0, "custom": 0}
+    )
 
 
 def views_program(k: int, device: str, dtype: torch.dtype) -> Program:
@@ -204,16 +206,30 @@ def bandwidth_program(numel: int, device: str, dtype: torch.dtype) -> Program:
     a fresh large output would time the OS's page faults, not the memory)."""
     a = torch.randn(numel, device=device, dtype=dtype)
     fn = _function("bandwidth", ["a"], ["a.mul_(-1.0)", "return None"])
-    return Program("bandwidth", "bandwidth", 1, fn, (a,), {"generated": 1, "extern": 0, "custom": 0},
-                   work=2.0 * numel * a.element_size())
+    return Program(
+        "bandwidth",
+        "bandwidth",
+        1,
+        fn,
+        (a,),
+        {"generated": 1, "extern": 0, "custom": 0},
+        work=2.0 * numel * a.element_size(),
+    )
 
 
 def pointwise_flops_program(numel: int, depth: int, device: str, dtype: torch.dtype) -> Program:
     """One generated kernel doing ``depth`` multiply-adds per element of a cache-sized tensor."""
     fn = _function("pointwise_flops", ["x"], ["x = x * 0.999 + 0.001"] * depth + ["return x"])
     x = torch.randn(numel, device=device, dtype=dtype)
-    return Program("pointwise_flops", "pointwise_flops", depth, fn, (x,),
-                   {"generated": 1, "extern": 0, "custom": 0}, work=2.0 * depth * numel)
+    return Program(
+        "pointwise_flops",
+        "pointwise_flops",
+        depth,
+        fn,
+        (x,),
+        {"generated": 1, "extern": 0, "custom": 0},
+        work=2.0 * depth * numel,
+    )
 
 
 def matmul_program(op: str, batch: int, m: int, k: int, n: int, device: str, dtype: torch.dtype) -> Program:
@@ -223,8 +239,7 @@ def matmul_program(op: str, batch: int, m: int, k: int, n: int, device: str, dty
     b = torch.randn(*lead, k, n, device=device, dtype=dtype)
     name = f"{op}_{batch}x{m}x{k}x{n}"
     fn = _function(f"{op}_{batch}_{m}_{k}_{n}", ["a", "b"], [f"return torch.{op}(a, b)"])
-    return Program(name, op, 1, fn, (a, b), {"generated": 0, "extern": 1, "custom": 0},
-                   work=2.0 * batch * m * n * k)
+    return Program(name, op, 1, fn, (a, b), {"generated": 0, "extern": 1, "custom": 0}, work=2.0 * batch * m * n * k)
 
 
 def count_program_code(code: str) -> Counts:
@@ -248,12 +263,17 @@ def compile_program(program: Program, mode: str | None = None) -> Program:
     # A training program compiles its forward, and its backward now or at its first backward.
     graphs = (1, 2) if program.family == "trained" else (1,)
     if len(codes) not in graphs:
-        raise CalibrationError(f"{program.name}: expected {' or '.join(map(str, graphs))} compiled graph(s), "
-                               f"Inductor produced {len(codes)}")
+        raise CalibrationError(
+            f"{program.name}: expected {' or '.join(map(str, graphs))} compiled graph(s), "
+            f"Inductor produced {len(codes)}"
+        )
     program.compiled, program.code = compiled, codes[0]
     program.counts = count_program_code(codes[0])
-    wrong = {key: (getattr(program.counts, key), want) for key, want in program.expected.items()
-             if getattr(program.counts, key) != want}
+    wrong = {
+        key: (getattr(program.counts, key), want)
+        for key, want in program.expected.items()
+        if getattr(program.counts, key) != want
+    }
     if wrong:
         detail = ", ".join(f"{key} {got} (expected {want})" for key, (got, want) in wrong.items())
         raise CalibrationError(f"{program.name}: kernel counts differ: {detail}")

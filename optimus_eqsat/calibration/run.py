@@ -63,8 +63,9 @@ class Plan:
     target_s: float  # seconds per timing (one program, one round)
 
 
-def _grid(ms: Sequence[int], kns: Sequence[int], batches: Sequence[int], bmm_ms: Sequence[int],
-          bmm_kns: Sequence[int]) -> tuple[Shape, ...]:
+def _grid(
+    ms: Sequence[int], kns: Sequence[int], batches: Sequence[int], bmm_ms: Sequence[int], bmm_kns: Sequence[int]
+) -> tuple[Shape, ...]:
     mm = [("mm", 1, m, kn, kn) for m in ms for kn in kns]
     bmm = [("bmm", b, m, kn, kn) for b in batches for m in bmm_ms for kn in bmm_kns]
     return tuple(mm + bmm)
@@ -74,37 +75,57 @@ def plan_for(device: str, quick: bool) -> Plan:
     """The measurement plan: ``quick`` is a smoke run (fewer programs, rounds and shapes)."""
     big = device == "cuda"
     if quick:
-        return Plan(ks=(1, 4, 16), host_rounds=15,
-                    matmul_shapes=_grid((32, 256), (16, 256), (8,), (32,), (16, 256)), matmul_rounds=3,
-                    bandwidth_bytes=(256 if big else 128) << 20, flops_numel=(1 << 22) if big else (1 << 14),
-                    flops_depth=64, target_s=1e-3)
+        return Plan(
+            ks=(1, 4, 16),
+            host_rounds=15,
+            matmul_shapes=_grid((32, 256), (16, 256), (8,), (32,), (16, 256)),
+            matmul_rounds=3,
+            bandwidth_bytes=(256 if big else 128) << 20,
+            flops_numel=(1 << 22) if big else (1 << 14),
+            flops_depth=64,
+            target_s=1e-3,
+        )
     # bmm stops at M=256, K=N=256: batch 64 at M=2048, K=N=1024 is 275 GFLOP, seconds on one CPU core.
-    return Plan(ks=(1, 4, 16, 64), host_rounds=31,
-                matmul_shapes=_grid((32, 256, 2048), (16, 64, 256, 1024), (8, 64), (32, 256), (16, 64, 256)),
-                matmul_rounds=5, bandwidth_bytes=(1024 if big else 256) << 20,
-                flops_numel=(1 << 24) if big else (1 << 16), flops_depth=128, target_s=2e-3)
+    return Plan(
+        ks=(1, 4, 16, 64),
+        host_rounds=31,
+        matmul_shapes=_grid((32, 256, 2048), (16, 64, 256, 1024), (8, 64), (32, 256), (16, 64, 256)),
+        matmul_rounds=5,
+        bandwidth_bytes=(1024 if big else 256) << 20,
+        flops_numel=(1 << 24) if big else (1 << 16),
+        flops_depth=128,
+        target_s=2e-3,
+    )
 
 
-def _timed_matrix(programs: Sequence[Program], clock: str, rounds: int, target_s: float,
-                  warmup: int = 3) -> np.ndarray:
+def _timed_matrix(programs: Sequence[Program], clock: str, rounds: int, target_s: float, warmup: int = 3) -> np.ndarray:
     """rounds x programs seconds per call."""
-    times = time_rounds({p.name: p for p in programs}, clock=clock, rounds=rounds, warmup=warmup,
-                        target_s=target_s)
+    times = time_rounds({p.name: p for p in programs}, clock=clock, rounds=rounds, warmup=warmup, target_s=target_s)
     return np.stack([times[p.name] for p in programs], axis=1)
 
 
 def _host_time(fit: HostFit, counts: Counts) -> float:
     """Host seconds the fit predicts for a program with ``counts``."""
-    return fit.costs["call_s"] + sum(getattr(counts, col) * fit.costs.get(cost_field, 0.0)
-                                     for col, cost_field in COUNT_COLUMNS.items())
+    return fit.costs["call_s"] + sum(
+        getattr(counts, col) * fit.costs.get(cost_field, 0.0) for col, cost_field in COUNT_COLUMNS.items()
+    )
 
 
 ATTEMPTS = 3  # timings of the host programs before a negative fit is final
 
 
-def _measure_host(plan: Plan, device: str, dtype: torch.dtype, clock: str, say: Callable[[str], None],
-                  families: Sequence[str] = HOST_FAMILIES, mode: str | None = None, tag: str = "",
-                  merge_kernels: bool = False, field_prefix: str = "") -> tuple[list[Program], np.ndarray, HostFit]:
+def _measure_host(
+    plan: Plan,
+    device: str,
+    dtype: torch.dtype,
+    clock: str,
+    say: Callable[[str], None],
+    families: Sequence[str] = HOST_FAMILIES,
+    mode: str | None = None,
+    tag: str = "",
+    merge_kernels: bool = False,
+    field_prefix: str = "",
+) -> tuple[list[Program], np.ndarray, HostFit]:
     """Compile the host-cost programs, time them and fit; on a negative fit (a noisy
     spell) time them again, up to ``ATTEMPTS`` times. ``merge_kernels``: one column
     for generated and extern kernels alike."""
@@ -133,10 +154,13 @@ def _throughput(program: Program, times: np.ndarray, host_s: float) -> tuple[flo
     return float(np.median(rates)), float(iqr(rates))
 
 
-def _matmul_table(plan: Plan, device: str, dtype: torch.dtype, clock: str,
-                  say: Callable[[str], None]) -> tuple[MatmulEntry, ...]:
-    bases = {"mm": matmul_program("mm", 1, 8, 8, 8, device, dtype),
-             "bmm": matmul_program("bmm", 2, 8, 8, 8, device, dtype)}
+def _matmul_table(
+    plan: Plan, device: str, dtype: torch.dtype, clock: str, say: Callable[[str], None]
+) -> tuple[MatmulEntry, ...]:
+    bases = {
+        "mm": matmul_program("mm", 1, 8, 8, 8, device, dtype),
+        "bmm": matmul_program("bmm", 2, 8, 8, 8, device, dtype),
+    }
     shaped = [matmul_program(*shape, device, dtype) for shape in plan.matmul_shapes]
     programs = [compile_program(p) for p in (*bases.values(), *shaped)]
     say(f"  compiled {len(programs)} matmul programs; timing")
@@ -161,8 +185,9 @@ def _slope(ks: Sequence[int], times: np.ndarray) -> tuple[float, float]:
     return float(np.median(slopes)), float(iqr(slopes))
 
 
-def _measure_inputs(plan: Plan, device: str, dtype: torch.dtype, clock: str, say: Callable[[str], None],
-                    alloc_s: float = 0.0) -> dict[str, tuple[float, float]]:
+def _measure_inputs(
+    plan: Plan, device: str, dtype: torch.dtype, clock: str, say: Callable[[str], None], alloc_s: float = 0.0
+) -> dict[str, tuple[float, float]]:
     """``input_s`` and ``trained_input_s`` (see the profile), each the slope over k of a
     program family with k inputs: one generated kernel whatever k; in training, forward,
     ``backward()`` into k parameters and ``zero_grad`` as a training loop does."""
@@ -196,21 +221,32 @@ def _measure_inputs(plan: Plan, device: str, dtype: torch.dtype, clock: str, say
     input_s = _slope(ks, matrix)
     per_trained = _slope(ks, trained_matrix)
     # a trained input also pays input_s in the forward call
-    return {"input_s": input_s, "trained_input_s": (max(per_trained[0] - input_s[0], 0.0), per_trained[1]),
-            "view_s": view_s, "reduction_row_s": row_s,
-            # a norm of the family also pays an input, a buffer and its 32 rows
-            "reduction_s": (max(per_norm[0] - input_s[0] - alloc_s - 32 * row_s[0], 0.0), per_norm[1])}
+    return {
+        "input_s": input_s,
+        "trained_input_s": (max(per_trained[0] - input_s[0], 0.0), per_trained[1]),
+        "view_s": view_s,
+        "reduction_row_s": row_s,
+        # a norm of the family also pays an input, a buffer and its 32 rows
+        "reduction_s": (max(per_norm[0] - input_s[0] - alloc_s - 32 * row_s[0], 0.0), per_norm[1]),
+    }
 
 
 def _program_rows(programs: Sequence[Program], matrix: np.ndarray) -> list[dict]:
     medians = np.median(matrix, axis=0)
-    return [{"name": p.name, "family": p.family, "k": p.k, **vars(p.counts), "median_s": float(t)}
-            for p, t in zip(programs, medians)]
+    return [
+        {"name": p.name, "family": p.family, "k": p.k, **vars(p.counts), "median_s": float(t)}
+        for p, t in zip(programs, medians)
+    ]
 
 
-def calibrate(device: str = "cpu", dtype: torch.dtype | str = torch.float32, threads: int | None = None,
-              quick: bool = False, clock: str = "auto",
-              progress: Callable[[str], None] | None = None) -> CalibratedProfile:
+def calibrate(
+    device: str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    threads: int | None = None,
+    quick: bool = False,
+    clock: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> CalibratedProfile:
     """Measure this machine's ``device`` ("cpu" or "cuda") through Inductor.
 
     Args:
@@ -267,31 +303,60 @@ def _resolve_clock(clock: str, device: str) -> str:
     return clock
 
 
-def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quick: bool, clock: str,
-               say: Callable[[str], None], started: float) -> CalibratedProfile:
+def _calibrate(
+    plan: Plan,
+    device: str,
+    dtype: torch.dtype,
+    dtype_str: str,
+    quick: bool,
+    clock: str,
+    say: Callable[[str], None],
+    started: float,
+) -> CalibratedProfile:
     load = _load_average()
     if load is not None and load > (os.cpu_count() or 1):
-        say(f"  warning: load average {load} exceeds the {os.cpu_count()} cores: other jobs compete; "
-            "wall-clock numbers will be slow (the CPU clock of a one-thread run is less affected)")
-    say(f"calibrating {device_name(device)} ({device}, {dtype_str}, threads {torch.get_num_threads()}"
-        f"{', quick' if quick else ''}, {clock} clock)")
+        say(
+            f"  warning: load average {load} exceeds the {os.cpu_count()} cores: other jobs compete; "
+            "wall-clock numbers will be slow (the CPU clock of a one-thread run is less affected)"
+        )
+    say(
+        f"calibrating {device_name(device)} ({device}, {dtype_str}, threads {torch.get_num_threads()}"
+        f"{', quick' if quick else ''}, {clock} clock)"
+    )
     host_programs, host_matrix, fit = _measure_host(plan, device, dtype, clock, say)
     costs, spread = dict(fit.costs), dict(fit.spread)
-    fit_record = {"residual_rms_s": fit.residual_rms_s, "residual_rel": fit.residual_rel,
-                  "columns": list(fit.columns), "rounds": plan.host_rounds, "counts_verified": True,
-                  "programs": _program_rows(host_programs, host_matrix)}
+    fit_record = {
+        "residual_rms_s": fit.residual_rms_s,
+        "residual_rel": fit.residual_rel,
+        "columns": list(fit.columns),
+        "rounds": plan.host_rounds,
+        "counts_verified": True,
+        "programs": _program_rows(host_programs, host_matrix),
+    }
 
     if device == "cuda":
         # Inside a CUDA graph a kernel is a kernel: one column for generated and extern alike.
         cg_programs, cg_matrix, cg_fit = _measure_host(
-            plan, device, dtype, clock, say, ("chain_mm", "mm_relu"), mode="reduce-overhead", tag="_cudagraph",
-            merge_kernels=True, field_prefix="cudagraph_")
+            plan,
+            device,
+            dtype,
+            clock,
+            say,
+            ("chain_mm", "mm_relu"),
+            mode="reduce-overhead",
+            tag="_cudagraph",
+            merge_kernels=True,
+            field_prefix="cudagraph_",
+        )
         costs["cudagraph_kernel_s"] = cg_fit.costs.pop("cudagraph_generated_kernel_s")
         spread["cudagraph_kernel_s"] = cg_fit.spread.pop("cudagraph_generated_kernel_s")
         costs.update(cg_fit.costs)
         spread.update(cg_fit.spread)
-        fit_record["cudagraph"] = {"residual_rms_s": cg_fit.residual_rms_s, "residual_rel": cg_fit.residual_rel,
-                                   "programs": _program_rows(cg_programs, cg_matrix)}
+        fit_record["cudagraph"] = {
+            "residual_rms_s": cg_fit.residual_rms_s,
+            "residual_rel": cg_fit.residual_rel,
+            "programs": _program_rows(cg_programs, cg_matrix),
+        }
 
     itemsize = torch.empty((), dtype=dtype).element_size()
     bandwidth = compile_program(bandwidth_program(plan.bandwidth_bytes // itemsize, device, dtype))
@@ -299,7 +364,8 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
     say("  timing bandwidth and pointwise FLOP/s")
     matrix = _timed_matrix([bandwidth, flops], clock, max(5, plan.matmul_rounds), plan.target_s, warmup=2)
     bandwidth_rate, spread["mem_bandwidth_bytes_per_s"] = _throughput(
-        bandwidth, matrix[:, 0], _host_time(fit, bandwidth.counts))
+        bandwidth, matrix[:, 0], _host_time(fit, bandwidth.counts)
+    )
     flops_rate, spread["pointwise_flops_per_s"] = _throughput(flops, matrix[:, 1], _host_time(fit, flops.counts))
 
     matmul = _matmul_table(plan, device, dtype, clock, say)
@@ -313,27 +379,27 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
     rounds = f"medians of {plan.host_rounds} interleaved rounds, {clock} clock"
     source = {
         "call_s": f"measured: intercept of the regression over {len(host_programs)} Inductor programs "
-                  f"({', '.join(HOST_FAMILIES)} at k = {', '.join(map(str, plan.ks))}), {rounds}",
+        f"({', '.join(HOST_FAMILIES)} at k = {', '.join(map(str, plan.ks))}), {rounds}",
         "generated_kernel_s": "measured: regression slope per generated kernel call",
         "extern_call_s": "measured: regression slope per extern call (8x8 mm included)",
         "alloc_s": "measured: regression slope per wrapper empty_strided (returned buffers included)",
         "custom_op_s": "measured: regression slope per torch.library Python custom op call (body: one clone)",
         "mem_bandwidth_bytes_per_s": f"measured: in-place generated pointwise kernel over "
-                                     f"{plan.bandwidth_bytes >> 20} MiB, read + write, net of host cost, "
-                                     f"{clock} clock",
+        f"{plan.bandwidth_bytes >> 20} MiB, read + write, net of host cost, "
+        f"{clock} clock",
         "pointwise_flops_per_s": f"measured: generated kernel, {plan.flops_depth} multiply-adds per element "
-                                 f"over {plan.flops_numel} elements, net of host cost, {clock} clock",
+        f"over {plan.flops_numel} elements, net of host cost, {clock} clock",
         "matmul": f"measured: extern mm/bmm through Inductor, median of {plan.matmul_rounds} rounds "
-                  f"minus the 8x8x8 program's, {clock} clock",
+        f"minus the 8x8x8 program's, {clock} clock",
         "input_s": f"measured: slope over k = {', '.join(map(str, plan.ks))} of one-kernel programs reading "
-                   f"k inputs, {rounds}",
+        f"k inputs, {rounds}",
         "trained_input_s": "measured: slope over k of a training step (forward, backward into k parameters, "
-                           "zero_grad) of the same programs, less input_s",
+        "zero_grad) of the same programs, less input_s",
         "view_s": "measured: slope over k of a one-kernel program returning k views of its buffer "
-                  "(reinterpret_tensor in the wrapper)",
+        "(reinterpret_tensor in the wrapper)",
         "reduction_row_s": "measured: slope over rows of one layer norm over rows of 8",
         "reduction_s": "measured: slope over k of k layer norms of 32x8 in one kernel, less an input, a "
-                       "buffer and 32 rows",
+        "buffer and 32 rows",
     }
     if device == "cuda":
         source["cudagraph_call_s"] = "measured: intercept under mode='reduce-overhead' (CUDA graph trees)"
@@ -341,14 +407,28 @@ def _calibrate(plan: Plan, device: str, dtype: torch.dtype, dtype_str: str, quic
     else:
         source["cudagraph_call_s"] = source["cudagraph_kernel_s"] = "not applicable on cpu"
     return CalibratedProfile(
-        device=device_name(device), device_kind=device, dtype=dtype_str, torch_version=torch.__version__,
+        device=device_name(device),
+        device_kind=device,
+        dtype=dtype_str,
+        torch_version=torch.__version__,
         threads=torch.get_num_threads() if device == "cpu" else None,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        call_s=costs["call_s"], generated_kernel_s=costs["generated_kernel_s"],
-        extern_call_s=costs["extern_call_s"], alloc_s=costs["alloc_s"], custom_op_s=costs.get("custom_op_s"),
-        mem_bandwidth_bytes_per_s=bandwidth_rate, pointwise_flops_per_s=flops_rate, matmul=matmul,
-        cudagraph_call_s=costs.get("cudagraph_call_s"), cudagraph_kernel_s=costs.get("cudagraph_kernel_s"),
-        input_s=costs.get("input_s"), trained_input_s=costs.get("trained_input_s"), view_s=costs.get("view_s"),
-        reduction_row_s=costs.get("reduction_row_s"), reduction_s=costs.get("reduction_s"),
-        source=source, spread=spread, fit=fit_record,
+        call_s=costs["call_s"],
+        generated_kernel_s=costs["generated_kernel_s"],
+        extern_call_s=costs["extern_call_s"],
+        alloc_s=costs["alloc_s"],
+        custom_op_s=costs.get("custom_op_s"),
+        mem_bandwidth_bytes_per_s=bandwidth_rate,
+        pointwise_flops_per_s=flops_rate,
+        matmul=matmul,
+        cudagraph_call_s=costs.get("cudagraph_call_s"),
+        cudagraph_kernel_s=costs.get("cudagraph_kernel_s"),
+        input_s=costs.get("input_s"),
+        trained_input_s=costs.get("trained_input_s"),
+        view_s=costs.get("view_s"),
+        reduction_row_s=costs.get("reduction_row_s"),
+        reduction_s=costs.get("reduction_s"),
+        source=source,
+        spread=spread,
+        fit=fit_record,
     )

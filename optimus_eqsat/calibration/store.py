@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 
-
 def cache_dir() -> Path:
     """The directory of the user's calibrated profiles (not created here)."""
     override = os.environ.get("OPTIMUS_EQSAT_CACHE_DIR")
@@ -41,7 +40,7 @@ def cache_dir() -> Path:
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
-    """"float32" for torch.float32 or "float32"; rejects non-floating dtypes."""
+    """ "float32" for torch.float32 or "float32"; rejects non-floating dtypes."""
     name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     if name not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"unsupported dtype {dtype!r}: float32, bfloat16, float16 or float64")
@@ -86,13 +85,17 @@ def profile_path(device: str, dtype: str, torch_version: str, threads: int | Non
 
 def save_profile(profile: CalibratedProfile, path: str | Path | None = None) -> Path:
     """Write ``profile`` to ``path`` or its key's place in the cache; returns the path."""
-    target = Path(path) if path is not None else profile_path(
-        profile.device, profile.dtype, profile.torch_version, profile.threads)
+    target = (
+        Path(path)
+        if path is not None
+        else profile_path(profile.device, profile.dtype, profile.torch_version, profile.threads)
+    )
     return profile.save(target)
 
 
-def load_profile(device_kind: str, dtype: torch.dtype | str = torch.float32,
-                 threads: int | None = None) -> CalibratedProfile | None:
+def load_profile(
+    device_kind: str, dtype: torch.dtype | str = torch.float32, threads: int | None = None
+) -> CalibratedProfile | None:
     """The user's profile of this machine's device for ``dtype``, the running torch
     and ``threads`` (CPU; None: torch's current thread count), or None."""
     if device_kind == "cuda" and not torch.cuda.is_available():
@@ -113,8 +116,7 @@ def _shipped_dir():  # importlib.resources Traversable: works from a wheel or a 
 
 def shipped_profile_names() -> list[str]:
     """Names of the profiles shipped in the package (``cpu``, ``h200``, ...)."""
-    return sorted(p.name.removesuffix(".json") for p in _shipped_dir().iterdir()
-                  if p.name.endswith(".json"))
+    return sorted(p.name.removesuffix(".json") for p in _shipped_dir().iterdir() if p.name.endswith(".json"))
 
 
 def shipped_profile(name: str) -> CalibratedProfile:
@@ -132,7 +134,8 @@ def _shipped_for(device_kind: str, dtype: str) -> CalibratedProfile:
     return shipped_profile(f"{base}_{dtype}" if f"{base}_{dtype}" in names else base)
 
 
-def current_profile(device_kind: str, dtype: torch.dtype | str = torch.float32,
-                    threads: int | None = None) -> CalibratedProfile:
+def current_profile(
+    device_kind: str, dtype: torch.dtype | str = torch.float32, threads: int | None = None
+) -> CalibratedProfile:
     """The profile to price with now: the user's calibrated one, else the shipped default."""
     return load_profile(device_kind, dtype, threads) or _shipped_for(device_kind, dtype_name(dtype))

@@ -58,9 +58,16 @@ def _time_cuda(fn: Callable[[], object], n: int) -> float:
 _TIMERS = {"wall": _time_wall, "cpu": _time_process, "cuda": _time_cuda}
 
 
-def time_rounds(programs: Mapping[str, Callable[[], object]], *, clock: str = "wall", rounds: int = 9,
-                repeats: int = 3, warmup: int = 3, target_s: float = 2e-3,
-                max_inner: int = 10_000) -> dict[str, np.ndarray]:
+def time_rounds(
+    programs: Mapping[str, Callable[[], object]],
+    *,
+    clock: str = "wall",
+    rounds: int = 9,
+    repeats: int = 3,
+    warmup: int = 3,
+    target_s: float = 2e-3,
+    max_inner: int = 10_000,
+) -> dict[str, np.ndarray]:
     """Seconds per call of each program, one value per round (arrays of length ``rounds``):
     the fastest of ``repeats`` timings of about ``target_s`` each."""
     timer = _TIMERS[clock]

@@ -29,8 +29,9 @@ def parents_index(egraph: ExportedEGraph) -> dict[int, set[int]]:
     return parents
 
 
-def window(egraph: ExportedEGraph, start: int, depth: int, up: int, max_classes: int,
-           parents: dict[int, set[int]] | None) -> list[int]:
+def window(
+    egraph: ExportedEGraph, start: int, depth: int, up: int, max_classes: int, parents: dict[int, set[int]] | None
+) -> list[int]:
     """Classes within ``depth`` below / ``up`` above ``start``, at most ``max_classes``, BFS order."""
     seen = {start: 0}
     order = [start]
@@ -50,11 +51,20 @@ def window(egraph: ExportedEGraph, start: int, depth: int, up: int, max_classes:
     return order
 
 
-def neighbourhood_picture(egraph: ExportedEGraph, start: int, *, depth: int = 2, up: int = 0,
-                          max_classes: int = 25, max_nodes_per_class: int = 8,
-                          choice: dict[int, int] | None = None, steering: Steering | None = None,
-                          names: dict[int, list[str]] | None = None, costs=None,
-                          parents: dict[int, set[int]] | None = None) -> Picture:
+def neighbourhood_picture(
+    egraph: ExportedEGraph,
+    start: int,
+    *,
+    depth: int = 2,
+    up: int = 0,
+    max_classes: int = 25,
+    max_nodes_per_class: int = 8,
+    choice: dict[int, int] | None = None,
+    steering: Steering | None = None,
+    names: dict[int, list[str]] | None = None,
+    costs=None,
+    parents: dict[int, set[int]] | None = None,
+) -> Picture:
     """The window around ``start``: classes as clusters, e-nodes inside, edges to child classes.
 
     ``costs(c, node)`` (optional) adds each e-node's price to its label.
@@ -62,8 +72,11 @@ def neighbourhood_picture(egraph: ExportedEGraph, start: int, *, depth: int = 2,
     choice, names, steering = choice or {}, names or {}, steering or Steering()
     classes = window(egraph, start, depth, up, max_classes, parents if up else None)
     inside = set(classes)
-    lines = ["digraph egraph {", "compound=true; rankdir=TB; node [shape=box, fontsize=9, fontname=Helvetica, height=0.25];",
-             "graph [fontsize=10, fontname=Helvetica]; edge [arrowsize=0.5];"]
+    lines = [
+        "digraph egraph {",
+        "compound=true; rankdir=TB; node [shape=box, fontsize=9, fontname=Helvetica, height=0.25];",
+        "graph [fontsize=10, fontname=Helvetica]; edge [arrowsize=0.5];",
+    ]
     edges, stubs, rows = [], set(), []
     anchor: dict[int, str] = {}
     hidden_nodes = 0
@@ -104,18 +117,18 @@ def neighbourhood_picture(egraph: ExportedEGraph, start: int, *, depth: int = 2,
             anchor.setdefault(c, f"c{c}_more")
         if c not in anchor:
             anchor[c] = f"c{c}_empty"
-            lines.append(f"  c{c}_empty [label=\"(naming only)\", shape=plaintext];")
+            lines.append(f'  c{c}_empty [label="(naming only)", shape=plaintext];')
         lines.append("}")
     for nid, ch in edges:
         if nid.startswith(f"c{ch}_"):  # a node reading its own class (a cycle): no cluster head
-            lines.append(f"{nid} -> {anchor[ch]} [color=\"#cc8800\"];")
+            lines.append(f'{nid} -> {anchor[ch]} [color="#cc8800"];')
         elif ch in inside:
             lines.append(f"{nid} -> {anchor[ch]} [lhead=cluster_c{ch}];")
         else:
             stubs.add(ch)
             lines.append(f"{nid} -> stub{ch};")
     for ch in sorted(stubs):
-        lines.append(f"stub{ch} [label={quote(f'c{ch} ...')}, shape=plaintext, fontcolor=\"#888888\"];")
+        lines.append(f'stub{ch} [label={quote(f"c{ch} ...")}, shape=plaintext, fontcolor="#888888"];')
     lines.append("}")
     info = f"{len(classes)} e-classes shown (max_classes={max_classes}, depth={depth}, up={up})"
     if hidden_nodes:

@@ -72,8 +72,9 @@ class Explorer:
     rules are reported instead.
     """
 
-    def __init__(self, gm: fx.GraphModule | torch.nn.Module, example_inputs: Sequence[Any] | None = None,
-                 **optimize_options: Any):
+    def __init__(
+        self, gm: fx.GraphModule | torch.nn.Module, example_inputs: Sequence[Any] | None = None, **optimize_options: Any
+    ):
         if not isinstance(gm, fx.GraphModule):
             gm = fx.symbolic_trace(gm)
         self.gm, self.example_inputs = gm, example_inputs
@@ -243,8 +244,9 @@ class Explorer:
             why = self.run.translation.opaque_reasons.get(i, "")
             return Replacement(name, c, orig_text, None, f"(copied verbatim: opaque, {why})", False, [], self)
         if k is None:
-            return Replacement(name, c, orig_text, None, "(not computed on its own: absorbed by its users)",
-                               True, [], self)
+            return Replacement(
+                name, c, orig_text, None, "(not computed on its own: absorbed by its users)", True, [], self
+            )
         node = self.egraph.classes[c][k]
         changed = original is None or original[1] != k
         rules = self._candidates(c, node, k) if changed else []
@@ -266,14 +268,19 @@ class Explorer:
             if only_changed and not changed:
                 continue
             node = self.egraph.classes[c][k] if k is not None else None
-            rows.append({
-                "node": n.name, "eclass": c,
-                "original": self._original_text(i, c),
-                "chosen": self._text(c, choice) if k is not None else "(absorbed)",
-                "changed": changed,
-                "alternatives": sum(1 for m in self.egraph.classes[c] if m.ctor in EMITTED),
-                "candidate_rules": ", ".join(self._candidates(c, node, k)[:4]) if node is not None and changed else "",
-            })
+            rows.append(
+                {
+                    "node": n.name,
+                    "eclass": c,
+                    "original": self._original_text(i, c),
+                    "chosen": self._text(c, choice) if k is not None else "(absorbed)",
+                    "changed": changed,
+                    "alternatives": sum(1 for m in self.egraph.classes[c] if m.ctor in EMITTED),
+                    "candidate_rules": ", ".join(self._candidates(c, node, k)[:4])
+                    if node is not None and changed
+                    else "",
+                }
+            )
         cols = ["node", "eclass", "original", "chosen", "changed", "alternatives", "candidate_rules"]
         return pd.DataFrame(rows, columns=cols).set_index("node")
 
@@ -286,14 +293,22 @@ class Explorer:
         for k, n in enumerate(self.egraph.classes[c]):
             price = self.run.cost(c, n) if n.ctor in EMITTED else math.inf
             row = {
-                "node": k, "enode": node_text(n), "ctor": n.ctor, "cost_us": price * 1e6,
+                "node": k,
+                "enode": node_text(n),
+                "ctor": n.ctor,
+                "cost_us": price * 1e6,
                 "chosen_default": self.default.choice.get(c) == k,
                 "chosen_now": self.choice.get(c) == k,
                 "original_of": ", ".join(self.originals.get((c, k), [])),
                 "steering": self.steering.state(c, k),
                 "op": registry.get(n.args[0], "") if n.ctor in OP_CTORS else "",
-                "built_by": ("(loaded from FX)" if (c, k) in self.originals else
-                             ", ".join(self._candidates(c, n, k)[:4]) if n.ctor in EMITTED else ""),
+                "built_by": (
+                    "(loaded from FX)"
+                    if (c, k) in self.originals
+                    else ", ".join(self._candidates(c, n, k)[:4])
+                    if n.ctor in EMITTED
+                    else ""
+                ),
             }
             if steered is not None:
                 row["steered_cost_us"] = (steered(c, n) if n.ctor in EMITTED else math.inf) * 1e6
@@ -308,8 +323,15 @@ class Explorer:
             if c is None or n.op not in ("call_function", "call_method", "call_module"):
                 continue
             ctors = [m.ctor for m in self.egraph.classes[c] if m.ctor in EMITTED]
-            rows.append({"node": n.name, "eclass": c, "alternatives": len(ctors),
-                         "constructors": ", ".join(sorted(set(ctors))), "in_program": c in self.choice})
+            rows.append(
+                {
+                    "node": n.name,
+                    "eclass": c,
+                    "alternatives": len(ctors),
+                    "constructors": ", ".join(sorted(set(ctors))),
+                    "in_program": c in self.choice,
+                }
+            )
         frame = pd.DataFrame(rows, columns=["node", "eclass", "alternatives", "constructors", "in_program"])
         return frame.sort_values("alternatives", ascending=False, kind="stable").head(top).set_index("node")
 
@@ -369,7 +391,7 @@ class Explorer:
 
     # ------------------------------------------------------------------ programs
     def graph(self, which: str = "current") -> fx.GraphModule:
-        """"original", "default" (first extraction), "steered" or "current" as a GraphModule (unverified)."""
+        """ "original", "default" (first extraction), "steered" or "current" as a GraphModule (unverified)."""
         which = self._which(which)
         if which == "original":
             return self.gm
@@ -393,8 +415,7 @@ class Explorer:
         """Predicted kernel launches (``fx_cost.PredictedKernel``) of a program."""
         which = self._which(which)
         if which not in self._kernels:
-            self._kernels[which] = predict_kernels(self.graph(which), self.example_inputs,
-                                                  self.run.objective.profile)
+            self._kernels[which] = predict_kernels(self.graph(which), self.example_inputs, self.run.objective.profile)
         return self._kernels[which]
 
     def picture(self, which: str = "current", max_nodes: int = 300, show_params: bool = False) -> Picture:
@@ -404,8 +425,9 @@ class Explorer:
 
     def side_by_side(self, left: str = "original", right: str = "current", max_nodes: int = 200) -> SideBySide:
         """Two programs as pictures next to each other."""
-        return SideBySide([self.picture(left, max_nodes), self.picture(right, max_nodes)],
-                          [self._which(left), self._which(right)])
+        return SideBySide(
+            [self.picture(left, max_nodes), self.picture(right, max_nodes)], [self._which(left), self._which(right)]
+        )
 
     def code(self, which: str = "current") -> Code:
         """The program's Python code."""
@@ -416,17 +438,40 @@ class Explorer:
 
     def kernels_table(self, which: str = "current") -> pd.DataFrame:
         """One row per predicted launch: kind, microseconds, note, FX nodes."""
-        rows = [{"kind": getattr(k.kind, "value", str(k.kind)), "us": k.seconds * 1e6, "note": k.note,
-                 "nodes": ", ".join(n.name for n in k.nodes)} for k in self.kernels(which)]
+        rows = [
+            {
+                "kind": getattr(k.kind, "value", str(k.kind)),
+                "us": k.seconds * 1e6,
+                "note": k.note,
+                "nodes": ", ".join(n.name for n in k.nodes),
+            }
+            for k in self.kernels(which)
+        ]
         return pd.DataFrame(rows, columns=["kind", "us", "note", "nodes"]).rename_axis("launch")
 
-    def neighbourhood(self, target: Target, depth: int = 2, up: int = 0, max_classes: int = 25,
-                      max_nodes_per_class: int = 8, with_costs: bool = True) -> Picture:
+    def neighbourhood(
+        self,
+        target: Target,
+        depth: int = 2,
+        up: int = 0,
+        max_classes: int = 25,
+        max_nodes_per_class: int = 8,
+        with_costs: bool = True,
+    ) -> Picture:
         """Picture of the e-graph around a node or class, bounded by ``max_classes``."""
         return neighbourhood_picture(
-            self.egraph, self.eclass(target), depth=depth, up=up, max_classes=max_classes,
-            max_nodes_per_class=max_nodes_per_class, choice=self.choice, steering=self.steering,
-            names=self.names, costs=self.run.cost if with_costs else None, parents=self.parents if up else None)
+            self.egraph,
+            self.eclass(target),
+            depth=depth,
+            up=up,
+            max_classes=max_classes,
+            max_nodes_per_class=max_nodes_per_class,
+            choice=self.choice,
+            steering=self.steering,
+            names=self.names,
+            costs=self.run.cost if with_costs else None,
+            parents=self.parents if up else None,
+        )
 
     # ------------------------------------------------------------------ results
     def compare(self) -> pd.DataFrame:
@@ -476,11 +521,14 @@ class Explorer:
             + (f" (banned: {', '.join(sorted(self.banned))})" if self.banned else ""),
         ]
         for which, row in cmp.iterrows():
-            lines.append(f"{which:>8}: {row['fx_ops']} FX ops, {row['launches']} predicted launches, "
-                         f"{row['predicted_us']:.1f} us")
+            lines.append(
+                f"{which:>8}: {row['fx_ops']} FX ops, {row['launches']} predicted launches, "
+                f"{row['predicted_us']:.1f} us"
+            )
         if self.steering:
-            lines.append(f"steering: {len(self.steering.pins)} pins, "
-                         f"{sum(map(len, self.steering.forbids.values()))} forbids")
+            lines.append(
+                f"steering: {len(self.steering.pins)} pins, {sum(map(len, self.steering.forbids.values()))} forbids"
+            )
         del r
         return "\n".join(lines)
 
@@ -494,26 +542,54 @@ class Explorer:
 class Replacement:
     """What replaced one FX node: its loaded term, the chosen e-node and candidate rules."""
 
-    def __init__(self, name: str, eclass: int, original: str, chosen_node: str | None, chosen: str,
-                 changed: bool, candidate_rules: list[str], explorer: Explorer):
+    def __init__(
+        self,
+        name: str,
+        eclass: int,
+        original: str,
+        chosen_node: str | None,
+        chosen: str,
+        changed: bool,
+        candidate_rules: list[str],
+        explorer: Explorer,
+    ):
         self.name, self.eclass, self.original = name, eclass, original
         self.chosen_node, self.chosen, self.changed = chosen_node, chosen, changed
         self.candidate_rules = candidate_rules
         self.alternatives = sum(1 for n in explorer.egraph.classes[eclass] if n.ctor in EMITTED)
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("name", "eclass", "original", "chosen_node", "chosen", "changed",
-                                              "candidate_rules", "alternatives")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "name",
+                "eclass",
+                "original",
+                "chosen_node",
+                "chosen",
+                "changed",
+                "candidate_rules",
+                "alternatives",
+            )
+        }
 
     def __repr__(self) -> str:
         verdict = "rewritten" if self.changed else "kept"
         rules = ", ".join(self.candidate_rules[:6]) or "-"
-        return (f"{self.name} (e-class c{self.eclass}, {self.alternatives} alternatives): {verdict}\n"
-                f"  original: {self.original}\n  chosen:   {self.chosen}\n  candidate rules: {rules}")
+        return (
+            f"{self.name} (e-class c{self.eclass}, {self.alternatives} alternatives): {verdict}\n"
+            f"  original: {self.original}\n  chosen:   {self.chosen}\n  candidate rules: {rules}"
+        )
 
     def _repr_html_(self) -> str:
-        rows = [["original", self.original], ["chosen", self.chosen], ["chosen e-node", self.chosen_node or "-"],
-                ["candidate rules (fired, build the chosen constructor)", ", ".join(self.candidate_rules) or "-"]]
+        rows = [
+            ["original", self.original],
+            ["chosen", self.chosen],
+            ["chosen e-node", self.chosen_node or "-"],
+            ["candidate rules (fired, build the chosen constructor)", ", ".join(self.candidate_rules) or "-"],
+        ]
         verdict = "rewritten" if self.changed else "kept"
-        return (f"<b>{esc(self.name)}</b> e-class c{self.eclass}, {self.alternatives} alternatives: {verdict}"
-                + html_table(["", ""], rows))
+        return (
+            f"<b>{esc(self.name)}</b> e-class c{self.eclass}, {self.alternatives} alternatives: {verdict}"
+            + html_table(["", ""], rows)
+        )

@@ -16,8 +16,12 @@ from optimus_eqsat import fxvocab
 from optimus_eqsat.explore.display import Picture, esc, html_table, quote
 
 KIND_COLOURS = {
-    "matmul": "#fbd3c0", "pointwise": "#cfe5f2", "reduction": "#ddd7ee", "cat": "#fdf0c8",
-    "gather": "#d5ecd0", "opaque": "#e4e4e4",
+    "matmul": "#fbd3c0",
+    "pointwise": "#cfe5f2",
+    "reduction": "#ddd7ee",
+    "cat": "#fdf0c8",
+    "gather": "#d5ecd0",
+    "opaque": "#e4e4e4",
 }
 
 
@@ -44,8 +48,9 @@ def kernel_of(kernels: Sequence) -> dict[fx.Node, int]:
     return {n: k for k, kernel in enumerate(kernels) for n in kernel.nodes}
 
 
-def fx_picture(gm: fx.GraphModule, kernels: Sequence, title: str = "", max_nodes: int = 300,
-               show_params: bool = False) -> Picture:
+def fx_picture(
+    gm: fx.GraphModule, kernels: Sequence, title: str = "", max_nodes: int = 300, show_params: bool = False
+) -> Picture:
     """The graph of ``gm`` with ``kernels`` (PredictedKernel list for ``gm``) as clusters."""
     nodes = [n for n in gm.graph.nodes if show_params or n.op != "get_attr"]
     info = ""
@@ -56,7 +61,8 @@ def fx_picture(gm: fx.GraphModule, kernels: Sequence, title: str = "", max_nodes
     ids = {n: f"n{i}" for i, n in enumerate(nodes)}
     where = kernel_of(kernels)
     lines = [
-        "digraph fx {", "rankdir=TB; newrank=true; node [shape=box, fontsize=10, fontname=Helvetica, height=0.3];",
+        "digraph fx {",
+        "rankdir=TB; newrank=true; node [shape=box, fontsize=10, fontname=Helvetica, height=0.3];",
         "edge [arrowsize=0.6]; graph [fontsize=10, fontname=Helvetica];",
     ]
     for k, kernel in enumerate(kernels):
@@ -65,8 +71,10 @@ def fx_picture(gm: fx.GraphModule, kernels: Sequence, title: str = "", max_nodes
             continue
         kind = _kind(kernel)
         label = f"#{k} {kind}  {kernel.seconds * 1e6:.2f} us"
-        lines.append(f"subgraph cluster_k{k} {{ label={quote(label)}; style=filled; "
-                     f"fillcolor={quote(KIND_COLOURS.get(kind, '#eeeeee'))}; color=\"#777777\";")
+        lines.append(
+            f"subgraph cluster_k{k} {{ label={quote(label)}; style=filled; "
+            f'fillcolor={quote(KIND_COLOURS.get(kind, "#eeeeee"))}; color="#777777";'
+        )
         lines += [f"  {ids[n]};" for n in members]
         lines.append("}")
     for n in nodes:
@@ -84,9 +92,14 @@ def fx_picture(gm: fx.GraphModule, kernels: Sequence, title: str = "", max_nodes
                 lines.append(f"{ids[a]} -> {ids[n]};")
     lines.append("}")
     rows = [
-        [ids[n], n.name, op_label(gm, n), shape_of(n),
-         f"#{where[n]} {_kind(kernels[where[n]])}" if n in where else "(no launch)",
-         ", ".join(a.name for a in n.all_input_nodes)]
+        [
+            ids[n],
+            n.name,
+            op_label(gm, n),
+            shape_of(n),
+            f"#{where[n]} {_kind(kernels[where[n]])}" if n in where else "(no launch)",
+            ", ".join(a.name for a in n.all_input_nodes),
+        ]
         for n in nodes
     ]
     fallback = html_table(["id", "node", "op", "shape", "kernel", "inputs"], rows)
@@ -96,8 +109,10 @@ def fx_picture(gm: fx.GraphModule, kernels: Sequence, title: str = "", max_nodes
 
 def kernels_html(kernels: Sequence) -> str:
     """The predicted kernels as an HTML table (one row per launch)."""
-    rows = [[k, _kind(kr), f"{kr.seconds * 1e6:.2f}", kr.note, ", ".join(n.name for n in kr.nodes)]
-            for k, kr in enumerate(kernels)]
+    rows = [
+        [k, _kind(kr), f"{kr.seconds * 1e6:.2f}", kr.note, ", ".join(n.name for n in kr.nodes)]
+        for k, kr in enumerate(kernels)
+    ]
     return html_table(["#", "kind", "us", "note", "nodes"], rows)
 
 

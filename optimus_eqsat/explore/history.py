@@ -22,14 +22,16 @@ def history_frame(sat: SaturationReport, final_eclasses: int | None = None) -> p
     rows = []
     for h in sat.history:
         matches = h.get("matches", {})
-        rows.append({
-            "iteration": h["iteration"],
-            "enodes": h["enodes"],
-            "eclasses": h.get("eclasses"),
-            "seconds": h["seconds"],
-            "matches": sum(matches.values()),
-            "rules_fired": sum(1 for v in matches.values() if v),
-        })
+        rows.append(
+            {
+                "iteration": h["iteration"],
+                "enodes": h["enodes"],
+                "eclasses": h.get("eclasses"),
+                "seconds": h["seconds"],
+                "matches": sum(matches.values()),
+                "rules_fired": sum(1 for v in matches.values() if v),
+            }
+        )
     frame = pd.DataFrame(rows, columns=["iteration", "enodes", "eclasses", "seconds", "matches", "rules_fired"])
     if final_eclasses is not None and len(frame) and frame["eclasses"].isna().all():
         frame["eclasses"] = frame["eclasses"].astype("object")
@@ -52,16 +54,18 @@ def rules_frame(sat: SaturationReport, catalogue: dict[str, RuleInfo], banned: s
     rows = []
     for name in names:
         info = catalogue.get(name)
-        rows.append({
-            "rule": name,
-            "family": info.family if info else "",
-            "matches": int(sat.rule_matches.get(name, 0)),
-            "seconds": float(sat.rule_seconds.get(name, 0.0)),
-            "fired": sat.rule_matches.get(name, 0) > 0,
-            "builds": ", ".join(sorted(info.builds)) if info else "",
-            "merges": info.merges if info else None,
-            "banned": name in banned,
-        })
+        rows.append(
+            {
+                "rule": name,
+                "family": info.family if info else "",
+                "matches": int(sat.rule_matches.get(name, 0)),
+                "seconds": float(sat.rule_seconds.get(name, 0.0)),
+                "fired": sat.rule_matches.get(name, 0) > 0,
+                "builds": ", ".join(sorted(info.builds)) if info else "",
+                "merges": info.merges if info else None,
+                "banned": name in banned,
+            }
+        )
     frame = pd.DataFrame(rows, columns=["rule", "family", "matches", "seconds", "fired", "builds", "merges", "banned"])
     return frame.sort_values(["matches", "seconds", "rule"], ascending=[False, False, True]).set_index("rule")
 

@@ -56,8 +56,17 @@ def rules_of(ruleset: RuleSet) -> list[RuleInfo]:
             continue
         lhs, rhs, merges = _split_rule(value)
         built = _constructors(rhs) | (_constructors(lhs) if value[0] == "birewrite" else set())
-        out.append(RuleInfo(name, ruleset.name, keyword(value, ":ruleset") or "", value[0],
-                            frozenset(built), merges, ruleset.program[form.start:form.end]))
+        out.append(
+            RuleInfo(
+                name,
+                ruleset.name,
+                keyword(value, ":ruleset") or "",
+                value[0],
+                frozenset(built),
+                merges,
+                ruleset.program[form.start : form.end],
+            )
+        )
     return out
 
 
@@ -70,7 +79,8 @@ def without_rules(ruleset: RuleSet, banned: set[str]) -> RuleSet:
     """The same program with every top-level rule named in ``banned`` cut out."""
     text = ruleset.program
     cuts = [
-        (f.start, f.end) for f in read_forms(text)
+        (f.start, f.end)
+        for f in read_forms(text)
         if isinstance(f.value, list) and f.value and f.value[0] in _RULE_FORMS and keyword(f.value, ":name") in banned
     ]
     if not cuts:
@@ -78,7 +88,9 @@ def without_rules(ruleset: RuleSet, banned: set[str]) -> RuleSet:
     pieces, last = [], 0
     for start, end in cuts:
         pieces.append(text[last:start])
-        pieces.append(f";; (banned by the explorer: {keyword(next(f.value for f in read_forms(text[start:end])), ':name')})")
+        pieces.append(
+            f";; (banned by the explorer: {keyword(next(f.value for f in read_forms(text[start:end])), ':name')})"
+        )
         last = end
     pieces.append(text[last:])
     return RuleSet(ruleset.name, "".join(pieces), ruleset.description)

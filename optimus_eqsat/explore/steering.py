@@ -44,7 +44,7 @@ class Steering:
             self.forbids.pop(c, None)
 
     def state(self, c: int, k: int) -> str:
-        """"pinned", "forbidden", "excluded by pin" or ""."""
+        """ "pinned", "forbidden", "excluded by pin" or ""."""
         if self.pins.get(c) == k:
             return "pinned"
         if k in self.forbids.get(c, ()):
@@ -68,5 +68,7 @@ class Steering:
 
     def table_rows(self) -> list[dict]:
         rows = [{"eclass": c, "node": k, "action": "pin"} for c, k in sorted(self.pins.items())]
-        rows += [{"eclass": c, "node": k, "action": "forbid"} for c, ks in sorted(self.forbids.items()) for k in sorted(ks)]
+        rows += [
+            {"eclass": c, "node": k, "action": "forbid"} for c, ks in sorted(self.forbids.items()) for k in sorted(ks)
+        ]
         return rows

@@ -93,8 +93,9 @@ def node_text(node: TermNode, op_names: dict[str, str] | None = None) -> str:
     return f"{head}({shown})"
 
 
-def expression(egraph: ExportedEGraph, c: int, choice: dict[int, int], depth: int = 2,
-               names: dict[int, list[str]] | None = None) -> str:
+def expression(
+    egraph: ExportedEGraph, c: int, choice: dict[int, int], depth: int = 2, names: dict[int, list[str]] | None = None
+) -> str:
     """The chosen program below class ``c`` as text, ``depth`` levels deep (iterative)."""
     names = names or {}
 

@@ -139,8 +139,10 @@ def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list)
     (symbolic sizes match anything)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(example_inputs) != len(placeholders):
-        raise ExampleInputError(f"{len(example_inputs)} example inputs for {len(placeholders)} placeholders "
-                                f"({', '.join(n.name for n in placeholders)})")
+        raise ExampleInputError(
+            f"{len(example_inputs)} example inputs for {len(placeholders)} placeholders "
+            f"({', '.join(n.name for n in placeholders)})"
+        )
     for k, (node, value) in enumerate(zip(placeholders, example_inputs)):
         meta = meta_value(node)
         if not isinstance(meta, torch.Tensor) or not isinstance(value, torch.Tensor):
@@ -150,7 +152,8 @@ def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list)
         if not fits or meta.dtype != value.dtype:
             raise ExampleInputError(
                 f"example input {k} ({node.name!r}) is {tuple(got)} {value.dtype}; the graph expects "
-                f"{tuple(int(w) if isinstance(w, int) else str(w) for w in want)} {meta.dtype}")
+                f"{tuple(int(w) if isinstance(w, int) else str(w) for w in want)} {meta.dtype}"
+            )
 
 
 def _meta_like(x: torch.Tensor) -> torch.Tensor:
@@ -198,8 +201,12 @@ class _Recorder(torch.fx.Interpreter):
         return out
 
 
-def copied_inputs(inputs: Sequence[Any], budget_bytes: int, must: Collection[int] = (),
-                  may: Callable[[torch.Tensor], bool] = lambda x: True) -> list[Any]:
+def copied_inputs(
+    inputs: Sequence[Any],
+    budget_bytes: int,
+    must: Collection[int] = (),
+    may: Callable[[torch.Tensor], bool] = lambda x: True,
+) -> list[Any]:
     """``inputs`` with copies of the tensors a run of ours must not write to: those at
     positions ``must``, and those ``may`` accepts while their bytes fit in ``budget_bytes``
     (in order). A graph can write to its inputs (a batch norm's running statistics, a
@@ -252,13 +259,19 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     # (and the caller's RNG state: a dropout in the graph draws from it)
     devices = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
     try:
-        with torch.no_grad(), _restoring(saved), torch.random.fork_rng(devices=devices), \
-                _in_fake_mode_of(example_inputs):
+        with (
+            torch.no_grad(),
+            _restoring(saved),
+            torch.random.fork_rng(devices=devices),
+            _in_fake_mode_of(example_inputs),
+        ):
             recorder.run(*copied_inputs(example_inputs, RUN_COPY_BYTES))
     except Exception as exc:
         failed = recorder.current.name if recorder.current is not None else "?"
-        raise ExampleInputError(f"the example inputs ({', '.join(_describe(v) for v in example_inputs)}) "
-                                f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}") from exc
+        raise ExampleInputError(
+            f"the example inputs ({', '.join(_describe(v) for v in example_inputs)}) "
+            f"do not run through the graph: at {failed!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     warn_if_written(example_inputs, before, "the run for shapes")
     return recorder.seen
 

@@ -39,11 +39,17 @@ def inplace_position(target: Any) -> int | None:
 # with input statistics): parameter names in call order, the flag, and its default.
 _RUNNING_STATS_OPS: dict[Any, tuple[tuple[str, ...], str, bool]] = {
     F.batch_norm: (("input", "running_mean", "running_var", "weight", "bias", "training"), "training", False),
-    F.instance_norm: (("input", "running_mean", "running_var", "weight", "bias", "use_input_stats"),
-                      "use_input_stats", True),
+    F.instance_norm: (
+        ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats"),
+        "use_input_stats",
+        True,
+    ),
     torch.batch_norm: (("input", "weight", "bias", "running_mean", "running_var", "training"), "training", False),
-    torch.instance_norm: (("input", "weight", "bias", "running_mean", "running_var", "use_input_stats"),
-                          "use_input_stats", True),
+    torch.instance_norm: (
+        ("input", "weight", "bias", "running_mean", "running_var", "use_input_stats"),
+        "use_input_stats",
+        True,
+    ),
 }
 
 
@@ -70,9 +76,11 @@ def written_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.
     if stats or not is_mutating(gm, node):
         return stats
     if isinstance(node.target, torch._ops.OpOverload):
-        written = [node.args[k] if k < len(node.args) else node.kwargs.get(a.name)
-                   for k, a in enumerate(node.target._schema.arguments)
-                   if a.alias_info is not None and a.alias_info.is_write]
+        written = [
+            node.args[k] if k < len(node.args) else node.kwargs.get(a.name)
+            for k, a in enumerate(node.target._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        ]
         written = [w for w in written if isinstance(w, torch.fx.Node)]
         if written:
             return written
@@ -140,8 +148,11 @@ def written_attributes(gm: torch.fx.GraphModule) -> set[str]:
         if isinstance(table, str):
             written.add(table)
         for target in written_inputs(gm, node):
-            while target.op in ("call_function", "call_method") and target.args \
-                    and isinstance(target.args[0], torch.fx.Node):
+            while (
+                target.op in ("call_function", "call_method")
+                and target.args
+                and isinstance(target.args[0], torch.fx.Node)
+            ):
                 target = target.args[0]
             if target.op == "get_attr":
                 written.add(str(target.target))

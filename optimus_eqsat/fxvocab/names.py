@@ -60,17 +60,45 @@ def call_name(node: torch.fx.Node) -> str:
 _FUNCTION_MODULES = (torch, F, torch.special, torch.Tensor)
 
 _OPERATOR_NAMES = {
-    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
-    operator.pow: "pow", operator.neg: "neg", operator.getitem: "getitem", operator.matmul: "matmul",
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "div",
+    operator.pow: "pow",
+    operator.neg: "neg",
+    operator.getitem: "getitem",
+    operator.matmul: "matmul",
 }
 
 _ALIASES = {
-    "concat": "cat", "concatenate": "cat", "true_divide": "div", "divide": "div", "multiply": "mul",
-    "subtract": "sub", "clip": "clamp", "absolute": "abs", "negative": "neg", "_unsafe_view": "view",
-    "swapaxes": "transpose", "swapdims": "transpose", "moveaxis": "movedim", "__getitem__": "getitem",
-    "split_with_sizes": "split", "__add__": "add", "__radd__": "radd", "__mul__": "mul", "__rmul__": "rmul",
-    "__sub__": "sub", "__rsub__": "rsub", "__truediv__": "div", "__rtruediv__": "rdiv", "__neg__": "neg",
-    "__matmul__": "matmul", "__pow__": "pow", "__rpow__": "rpow", "rsub": "rsub",
+    "concat": "cat",
+    "concatenate": "cat",
+    "true_divide": "div",
+    "divide": "div",
+    "multiply": "mul",
+    "subtract": "sub",
+    "clip": "clamp",
+    "absolute": "abs",
+    "negative": "neg",
+    "_unsafe_view": "view",
+    "swapaxes": "transpose",
+    "swapdims": "transpose",
+    "moveaxis": "movedim",
+    "__getitem__": "getitem",
+    "split_with_sizes": "split",
+    "__add__": "add",
+    "__radd__": "radd",
+    "__mul__": "mul",
+    "__rmul__": "rmul",
+    "__sub__": "sub",
+    "__rsub__": "rsub",
+    "__truediv__": "div",
+    "__rtruediv__": "rdiv",
+    "__neg__": "neg",
+    "__matmul__": "matmul",
+    "__pow__": "pow",
+    "__rpow__": "rpow",
+    "rsub": "rsub",
 }
 
 

@@ -263,4 +263,3 @@ def grouped_linear_triton(
         )
     stats["launches"] += 1
     return ys
-

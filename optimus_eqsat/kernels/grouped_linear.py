@@ -125,8 +125,7 @@ def _warn_interpreter_unusable(interpret_env_on: bool) -> None:
         else "TRITON_INTERPRET=1 is not set"
     )
     warnings.warn(
-        f"grouped_linear: the Triton path was requested for CPU tensors but {why}; "
-        "using the F.linear fallback",
+        f"grouped_linear: the Triton path was requested for CPU tensors but {why}; using the F.linear fallback",
         RuntimeWarning,
         stacklevel=3,
     )
@@ -144,9 +143,7 @@ def _check_groups(
 ) -> None:
     """Validate shapes like F.linear would, with the group index in the message."""
     if not (len(xs) == len(ws) == len(bs)):
-        raise ValueError(
-            f"grouped_linear: xs, ws, bs must have equal lengths, got {len(xs)}, {len(ws)}, {len(bs)}"
-        )
+        raise ValueError(f"grouped_linear: xs, ws, bs must have equal lengths, got {len(xs)}, {len(ws)}, {len(bs)}")
     for i, (x, w, b) in enumerate(zip(xs, ws, bs)):
         if w.dim() != 2:
             raise ValueError(f"grouped_linear: ws[{i}] must be 2-D [N, K], got shape {tuple(w.shape)}")
@@ -156,8 +153,7 @@ def _check_groups(
             )
         if b is not None and tuple(b.shape) not in ((w.shape[0],), (0,)):
             raise ValueError(
-                f"grouped_linear: bs[{i}] must have shape ({w.shape[0]},) or (0,) for no bias, "
-                f"got {tuple(b.shape)}"
+                f"grouped_linear: bs[{i}] must have shape ({w.shape[0]},) or (0,) for no bias, got {tuple(b.shape)}"
             )
 
 
@@ -190,9 +186,7 @@ def _grouped_linear_impl(
     if not xs:
         return []
     device = xs[0].device
-    same_device = all(
-        t.device == device for t in (*xs, *ws, *(b for b in bs if b is not None))
-    )
+    same_device = all(t.device == device for t in (*xs, *ws, *(b for b in bs if b is not None)))
     impl = _triton_impl()
     if not same_device or not triton_path_enabled(device):
         return _fallback(xs, ws, bs)

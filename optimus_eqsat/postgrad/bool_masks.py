@@ -89,8 +89,12 @@ def _piece_of_saved_cat(node: torch.fx.Node, backward: set[torch.fx.Node]) -> tu
     backward reads (experts stacked for a gate): the mask can be recomputed from that slice
     of the cat instead of saving the piece as well. None otherwise."""
     for user in node.users:
-        if (user.op != "call_function" or user.target is not torch.ops.aten.cat.default or user in backward
-                or not _read_by_backward(user, backward)):
+        if (
+            user.op != "call_function"
+            or user.target is not torch.ops.aten.cat.default
+            or user in backward
+            or not _read_by_backward(user, backward)
+        ):
             continue
         pieces, dim = user.args[0], (user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0))
         value = _value(user)
@@ -136,14 +140,23 @@ def recomputable_masks(graph: torch.fx.Graph, sliced: list[torch.fx.Node] | None
     position = {n: k for k, n in enumerate(graph.nodes)}  # (slices added below sit before their mask)
     for node in list(graph.nodes):
         value = _value(node)
-        if (node.op != "call_function" or node in backward or node in outputs or _is_view(node)
-                or not isinstance(value, torch.Tensor) or value.dtype != torch.bool
-                or value.device.type != "cpu"
-                or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())):  # random: never redone
+        if (
+            node.op != "call_function"
+            or node in backward
+            or node in outputs
+            or _is_view(node)
+            or not isinstance(value, torch.Tensor)
+            or value.dtype != torch.bool
+            or value.device.type != "cpu"
+            or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+        ):  # random: never redone
             continue
         sources = [arg for arg in node.all_input_nodes if isinstance(_value(arg), torch.Tensor)]
-        pieces = {arg: _piece_of_saved_cat(arg, backward) for arg in sources
-                  if arg not in masks and not _read_by_backward(arg, backward)}
+        pieces = {
+            arg: _piece_of_saved_cat(arg, backward)
+            for arg in sources
+            if arg not in masks and not _read_by_backward(arg, backward)
+        }
         if not sources or any(piece is None or _depends_on(piece[0], node, position) for piece in pieces.values()):
             continue  # (a cat computed from the mask itself cannot be read to compute it)
         for arg, (cat, dim, start, end) in pieces.items():

@@ -21,9 +21,12 @@ __all__ = ["aot_eager_with_pass", "aten_graphs"]
 GraphPass = Callable[[torch.fx.Graph], None]
 
 
-def aot_eager_with_pass(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                        graph_pass: GraphPass | None = None,
-                        seen: list[torch.fx.GraphModule] | None = None) -> Callable:
+def aot_eager_with_pass(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    graph_pass: GraphPass | None = None,
+    seen: list[torch.fx.GraphModule] | None = None,
+) -> Callable:
     """``gm`` through AOTAutograd (Inductor's decompositions and partitioner); every
     forward and backward graph is handed to ``graph_pass`` (in place) and then run
     eagerly. ``seen`` collects the graphs after the pass."""
@@ -40,8 +43,14 @@ def aot_eager_with_pass(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             seen.append(graph_module)
         return make_boxed_func(graph_module.forward)
 
-    return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler, bw_compiler=compiler,
-                                 partition_fn=partition_fn, decompositions=select_decomp_table())
+    return aot_module_simplified(
+        gm,
+        list(example_inputs),
+        fw_compiler=compiler,
+        bw_compiler=compiler,
+        partition_fn=partition_fn,
+        decompositions=select_decomp_table(),
+    )
 
 
 def aten_graphs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[torch.fx.GraphModule]:

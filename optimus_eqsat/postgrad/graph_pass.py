@@ -42,6 +42,7 @@ log = logging.getLogger("optimus_eqsat")
 
 __all__ = ["PostGradPass", "optimize_aten_graph", "graph_role", "source_files"]
 
+
 def source_files(rule_files: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Every file whose content decides what the pass writes: the package's Python
     sources, rule files and calibration profiles (rewrites/ and extract/ included), and the
@@ -55,13 +56,14 @@ def source_files(rule_files: tuple[str, ...] = ()) -> tuple[str, ...]:
 
 
 def graph_role(graph: torch.fx.Graph) -> str:
-    """"backward" for an AOTAutograd backward graph (it reads tangents), else "forward"."""
+    """ "backward" for an AOTAutograd backward graph (it reads tangents), else "forward"."""
     tangents = any(n.op == "placeholder" and str(n.target).startswith("tangents") for n in graph.nodes)
     return "backward" if tangents else "forward"
 
 
-def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = True,
-                        turn_off_inplace: bool = False, **options: Any) -> OptimizeReport | None:
+def optimize_aten_graph(
+    graph: torch.fx.Graph, require_fewer_launches: bool = True, turn_off_inplace: bool = False, **options: Any
+) -> OptimizeReport | None:
     """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
 
     Returns the report, or None when the graph was skipped (symbolic shapes, or no fake
@@ -87,8 +89,10 @@ def optimize_aten_graph(graph: torch.fx.Graph, require_fewer_launches: bool = Tr
         # Inductor's scheduler fuses an aten graph on its own: a program predicted to launch as
         # many kernels only reshuffles it, at the risk of a fusion the model does not see (seen:
         # batched bias sums of mmoe's pre-grad-batched backward, two more CPU kernels).
-        report.fall_back(f"post-grad: no fewer launches predicted ({report.launches_before} -> "
-                         f"{report.launches_after}); kept the graph")
+        report.fall_back(
+            f"post-grad: no fewer launches predicted ({report.launches_before} -> "
+            f"{report.launches_after}); kept the graph"
+        )
         return report
     lowered = lower_to_aten(optimized, inputs)
     splice(graph, lowered)
@@ -124,8 +128,13 @@ class PostGradPass(CustomGraphPass):
     graph's ``min_gain`` is a fraction of the whole step: the forward it follows (the last
     forward graph the pass optimized) counts as the rest of the step."""
 
-    def __init__(self, require_fewer_launches: bool = True, turn_off_inplace: bool = False,
-                 roles: tuple[str, ...] = ("forward", "backward"), **options: Any):
+    def __init__(
+        self,
+        require_fewer_launches: bool = True,
+        turn_off_inplace: bool = False,
+        roles: tuple[str, ...] = ("forward", "backward"),
+        **options: Any,
+    ):
         options.setdefault("raise_on_error", False)
         # The aten graphs come after the pre-grad pass did the batching; their ILP rarely finds
         # more than greedy, and spent up to its 8 s on each graph (training at batch 2048).
@@ -142,8 +151,12 @@ class PostGradPass(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
         if role not in self.roles:
-            self._report(role, OptimizeReport(fell_back=True, fallback_reason=f"post-grad: the {role} graph is "
-                                                                              "not among those to optimize; kept"))
+            self._report(
+                role,
+                OptimizeReport(
+                    fell_back=True, fallback_reason=f"post-grad: the {role} graph is not among those to optimize; kept"
+                ),
+            )
             return
         options = self.options
         if role == "backward" and self._forward_cost_s and "rest_of_step_s" not in options:
@@ -159,8 +172,9 @@ class PostGradPass(CustomGraphPass):
             log.warning("optimus_eqsat post-grad (%s): leaving the graph as it was: %s", role, first_line(exc, 400))
             report = OptimizeReport(fell_back=True, fallback_reason=f"post-grad: {first_line(exc, 400)}")
         if report is None:  # every call is reported: the backend reads which graphs the pass saw
-            report = OptimizeReport(fell_back=True, fallback_reason="post-grad: skipped (symbolic shapes or "
-                                                                    "no fake inputs); kept the graph")
+            report = OptimizeReport(
+                fell_back=True, fallback_reason="post-grad: skipped (symbolic shapes or no fake inputs); kept the graph"
+            )
         if role == "forward":
             self._forward_cost_s = report.cost_before or 0.0
         self._report(role, report)
@@ -173,5 +187,6 @@ class PostGradPass(CustomGraphPass):
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
         settings = sorted((k, repr(v)) for k, v in self.options.items())
-        return get_hash_for_files(files, repr((settings, self.require_fewer_launches, self.turn_off_inplace,
-                                               self.roles)))
+        return get_hash_for_files(
+            files, repr((settings, self.require_fewer_launches, self.turn_off_inplace, self.roles))
+        )

@@ -103,8 +103,9 @@ def splice(graph: torch.fx.Graph, new: torch.fx.GraphModule) -> None:
     graph.lint()
 
 
-def _constant(graph: torch.fx.Graph, owner: torch.nn.Module | None, new: torch.fx.GraphModule,
-              node: torch.fx.Node) -> torch.fx.Node:
+def _constant(
+    graph: torch.fx.Graph, owner: torch.nn.Module | None, new: torch.fx.GraphModule, node: torch.fx.Node
+) -> torch.fx.Node:
     """A get_attr of ``new`` as a get_attr of ``graph``'s module (a fresh attribute)."""
     if owner is None:
         raise ValueError("splice: the graph has no owning module for a constant")

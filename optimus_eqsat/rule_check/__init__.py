@@ -15,14 +15,21 @@ line: ``optimus-eqsat check-rules FILE.egg``.
 """
 
 from optimus_eqsat.rule_check.check import (
-                    Counterexample,
-                    RuleVerdict,
-                    UnsoundRuleError,
-                    check_program,
-                    check_rules,
-                    refuse_unsound,
-                    verdict_table,
+    Counterexample,
+    RuleVerdict,
+    UnsoundRuleError,
+    check_program,
+    check_rules,
+    refuse_unsound,
+    verdict_table,
 )
 
-__all__ = ["check_rules", "check_program", "refuse_unsound", "RuleVerdict", "Counterexample", "UnsoundRuleError",
-           "verdict_table"]
+__all__ = [
+    "check_rules",
+    "check_program",
+    "refuse_unsound",
+    "RuleVerdict",
+    "Counterexample",
+    "UnsoundRuleError",
+    "verdict_table",
+]

@@ -55,8 +55,7 @@ class Counterexample:
     def __str__(self) -> str:
         lines = [f"  {name} = {value}" for name, value in self.values]
         way = f" ({'left to right' if self.direction == '->' else 'right to left'})" if self.direction else ""
-        lines += [f"  matched side{way}: {self.matched}", f"  rewritten side: {self.rewritten}",
-                  f"  {self.problem}"]
+        lines += [f"  matched side{way}: {self.matched}", f"  rewritten side: {self.rewritten}", f"  {self.problem}"]
         return "\n".join(lines)
 
 
@@ -94,9 +93,15 @@ def shipped_programs() -> list[str]:
     return [LANGUAGE, shape_rules().program, *(r.program for r in builtin_rulesets().values())]
 
 
-def check_rules(source: str | Path | RuleSet, samples: int = 100, seed: int = 0,
-                time_limit_s: float | None = None, rule_time_limit_s: float | None = None,
-                mixed_dtypes: bool = True, only: Iterable[str] | None = None) -> list[RuleVerdict]:
+def check_rules(
+    source: str | Path | RuleSet,
+    samples: int = 100,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    rule_time_limit_s: float | None = None,
+    mixed_dtypes: bool = True,
+    only: Iterable[str] | None = None,
+) -> list[RuleVerdict]:
     """Test every rule of a rule file (a path, or a :class:`RuleSet`) on random instances.
 
     Each rule is tried until ``samples`` valid instances passed, a counterexample turned
@@ -117,9 +122,15 @@ def check_rules(source: str | Path | RuleSet, samples: int = 100, seed: int = 0,
     return check_program(text, samples, seed, time_limit_s, rule_time_limit_s, mixed_dtypes, only)
 
 
-def check_program(text: str, samples: int = 100, seed: int = 0, time_limit_s: float | None = None,
-                  rule_time_limit_s: float | None = None, mixed_dtypes: bool = True,
-                  only: Iterable[str] | None = None) -> list[RuleVerdict]:
+def check_program(
+    text: str,
+    samples: int = 100,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    rule_time_limit_s: float | None = None,
+    mixed_dtypes: bool = True,
+    only: Iterable[str] | None = None,
+) -> list[RuleVerdict]:
     """:func:`check_rules` on egglog program text."""
     try:
         program = read_program(text)
@@ -144,8 +155,14 @@ def check_program(text: str, samples: int = 100, seed: int = 0, time_limit_s: fl
     return verdicts
 
 
-def check_rule(rule: Rule, env: Program, samples: int = 100, seed: int = 0,
-               time_limit_s: float | None = None, mixed_dtypes: bool = True) -> RuleVerdict:
+def check_rule(
+    rule: Rule,
+    env: Program,
+    samples: int = 100,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    mixed_dtypes: bool = True,
+) -> RuleVerdict:
     """Test one rule (both directions of a birewrite)."""
     rng = random.Random(f"{seed}:{rule.label}:{rule.text}")
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
@@ -170,8 +187,9 @@ class _Analysis(Exception):
     """The rule only derives facts of relations (it is checked where a rule reads them)."""
 
 
-def _verdict(rule: Rule, status: str, reason: str, instances: int = 0,
-             counterexample: Counterexample | None = None) -> RuleVerdict:
+def _verdict(
+    rule: Rule, status: str, reason: str, instances: int = 0, counterexample: Counterexample | None = None
+) -> RuleVerdict:
     return RuleVerdict(rule.label, rule.text, status, reason, instances, counterexample)
 
 
@@ -210,8 +228,17 @@ def _prepare(solver: Solver, query: tuple, actions: tuple) -> tuple[Goal, Scope,
     return goal, scope, compiled
 
 
-def _check_direction(rule: Rule, direction: str, query: tuple, actions: tuple, env: Program, samples: int,
-                     rng: random.Random, deadline: float | None, mixed_dtypes: bool) -> int | str | RuleVerdict:
+def _check_direction(
+    rule: Rule,
+    direction: str,
+    query: tuple,
+    actions: tuple,
+    env: Program,
+    samples: int,
+    rng: random.Random,
+    deadline: float | None,
+    mixed_dtypes: bool,
+) -> int | str | RuleVerdict:
     """Valid instances tested, why none was found, or the unsound verdict."""
     solver = Solver(env, rng)
     base, scope, compiled = _prepare(solver, query, actions)
@@ -236,8 +263,10 @@ def _check_direction(rule: Rule, direction: str, query: tuple, actions: tuple, e
                 return _verdict(rule, UNSOUND, example.problem, valid, example)
     if valid == 0:
         way = f" ({direction})" if direction else ""
-        return (f"no valid instance{way} in {tries} tries (none the e-graph could hold passed the query; "
-                f"it may never match a well-formed e-graph)")
+        return (
+            f"no valid instance{way} in {tries} tries (none the e-graph could hold passed the query; "
+            f"it may never match a well-formed e-graph)"
+        )
     return valid
 
 
@@ -262,8 +291,9 @@ def _test_action(instance: Instance, action: tuple) -> tuple[object, object, str
     return None if problem is None else (matched, value, problem)
 
 
-def _counterexample(instance: Instance, scope: Scope, direction: str, matched: object, new: object,
-                    problem: str) -> Counterexample:
+def _counterexample(
+    instance: Instance, scope: Scope, direction: str, matched: object, new: object, problem: str
+) -> Counterexample:
     values = []
     for name, term in scope.items():
         if name != ROOT:
@@ -273,8 +303,9 @@ def _counterexample(instance: Instance, scope: Scope, direction: str, matched: o
     dtypes = sorted(dtype_name(d) for d in instance.space.dtypes_drawn)
     if len(dtypes) > 1:  # type promotion: say so, the e-graph tracks no dtypes
         problem += f" (this instance mixes dtypes: {', '.join(dtypes)})"
-    return Counterexample(direction, tuple(values), describe(matched),
-                          "(raised)" if new is None else describe(new), problem)
+    return Counterexample(
+        direction, tuple(values), describe(matched), "(raised)" if new is None else describe(new), problem
+    )
 
 
 def _render(instance: Instance, term: object, depth: int = 0) -> str:
@@ -309,7 +340,8 @@ def refuse_unsound(ruleset: RuleSet) -> list[RuleVerdict]:
         if verdict.unsound:
             raise UnsoundRuleError(
                 f"{ruleset.description or ruleset.name}: rule {verdict.rule} is unsound "
-                f"(found by testing it on random tensors; pass check_rules=False to use it anyway):\n{verdict}")
+                f"(found by testing it on random tensors; pass check_rules=False to use it anyway):\n{verdict}"
+            )
     skipped = [v.rule for v in verdicts if v.status == NOT_CHECKED]
     if skipped:
         log.info("%s: rules not checked: %s", ruleset.description or ruleset.name, ", ".join(skipped))

@@ -16,8 +16,12 @@ import torch
 from optimus_eqsat.rule_check.meaning import TV, Invalid, ListVal, concat
 
 # torch.testing's defaults per dtype: (rtol, atol)
-_TOLERANCES = {torch.float64: (1e-7, 1e-7), torch.float32: (1.3e-6, 1e-5),
-               torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5)}
+_TOLERANCES = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+}
 _ROUNDINGS = 8.0  # rounding errors allowed, in units of eps * scale
 
 
@@ -64,7 +68,9 @@ def _at(bad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tol: torch.Tensor |
     index = tuple(int(i) for i in bad.nonzero()[0])
     where = f" at {list(index)}" if index else ""
     within = "" if tol is None or not torch.isfinite(a[index]) else f" (tolerance {float(tol[index]):.3g})"
-    return f"values differ{where}: {_num(a[index])} vs {_num(b[index])}{within}; {int(bad.sum())} of {bad.numel()} differ"
+    return (
+        f"values differ{where}: {_num(a[index])} vs {_num(b[index])}{within}; {int(bad.sum())} of {bad.numel()} differ"
+    )
 
 
 def _num(x: torch.Tensor) -> str:

@@ -76,8 +76,9 @@ class Goal:
     solved: list = field(default_factory=list)  # (relation, args) whose derivation is complete
 
     def copy(self) -> Goal:
-        return Goal(dict(self.bindings), list(self.roots), list(self.constraints), list(self.pending),
-                    list(self.solved))
+        return Goal(
+            dict(self.bindings), list(self.roots), list(self.constraints), list(self.pending), list(self.solved)
+        )
 
     def resolve(self, t: object) -> object:
         """Follow variable bindings to a structure, a literal, a call or a free variable."""
@@ -179,8 +180,9 @@ class Solver:
                 raise NotCheckable(f"{head} takes {len(info.sorts)} arguments, not {len(args)}")
             return Node(head, tuple(self.term(a, scope, goal, depth, s) for a, s in zip(args, info.sorts)))
         if head in self.env.constructors:
-            raise NotCheckable(f"constructor {head} has no torch meaning (it is declared by a rule file, "
-                               f"not in optimus_eqsat/term.py)")
+            raise NotCheckable(
+                f"constructor {head} has no torch meaning (it is declared by a rule file, not in optimus_eqsat/term.py)"
+            )
         if head in SEMANTIC_FUNCTIONS or head in PRIMITIVES:
             return Call(head, tuple(self.term(a, scope, goal, depth) for a in args))
         if self.env.derived(head):
@@ -191,8 +193,7 @@ class Solver:
 
     def _columns(self, name: str, args: list, scope: dict, goal: Goal, depth: int) -> tuple:
         sorts = self.env.relations.get(name) or self.env.functions.get(name, ((),))[0]
-        return tuple(self.term(a, scope, goal, depth, sorts[i] if i < len(sorts) else None)
-                     for i, a in enumerate(args))
+        return tuple(self.term(a, scope, goal, depth, sorts[i] if i < len(sorts) else None) for i, a in enumerate(args))
 
     def atom(self, sexpr: object, scope: dict, goal: Goal, depth: int) -> bool:
         """Add one query atom to ``goal``; False when it cannot hold."""

@@ -115,16 +115,29 @@ NAMED_OPS: dict[str, dict[str, OpMeaning]] = {
     "Binary": {k: OpMeaning(k, t) for k, t in _SCALAR_TARGETS.items() if callable(t)},
     "Scalar": {k: OpMeaning(k, _scalar_fn(k)) for k in [*_SCALAR_TARGETS, "rdiv", "rpow"]},
     "Op1": {},
-    "Op2": {"matmul": OpMeaning("matmul", torch.matmul, True, _matmul_operand),
-            "linear": OpMeaning("linear", F.linear, True, _linear_operand)},
+    "Op2": {
+        "matmul": OpMeaning("matmul", torch.matmul, True, _matmul_operand),
+        "linear": OpMeaning("linear", F.linear, True, _linear_operand),
+    },
     "Op3": {"linear_b": OpMeaning("linear_b", F.linear, True, _linear_operand)},
 }
 NAMED_OPS["MapUnary"] = NAMED_OPS["Unary"]
 
-_UNARY = {name: OpMeaning(name, fn) for name, fn in [
-    ("relu", torch.relu), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid), ("exp", torch.exp),
-    ("neg", torch.neg), ("abs", torch.abs), ("sin", torch.sin), ("square", torch.square),
-    ("reciprocal", torch.reciprocal), ("sqrt", torch.sqrt)]}
+_UNARY = {
+    name: OpMeaning(name, fn)
+    for name, fn in [
+        ("relu", torch.relu),
+        ("tanh", torch.tanh),
+        ("sigmoid", torch.sigmoid),
+        ("exp", torch.exp),
+        ("neg", torch.neg),
+        ("abs", torch.abs),
+        ("sin", torch.sin),
+        ("square", torch.square),
+        ("reciprocal", torch.reciprocal),
+        ("sqrt", torch.sqrt),
+    ]
+}
 # Real ops an op-key variable of each constructor is instantiated with: a rule
 # that holds only for some of them is unsound.
 SAMPLE_OPS: dict[str, dict[str, OpMeaning]] = {
@@ -132,9 +145,11 @@ SAMPLE_OPS: dict[str, dict[str, OpMeaning]] = {
     "MapUnary": _UNARY,
     "Binary": {k: NAMED_OPS["Binary"][k] for k in ("add", "mul", "sub", "div", "maximum")},
     "Scalar": NAMED_OPS["Scalar"],
-    "Op1": {"sum(dim=-1)": OpMeaning("sum(dim=-1)", lambda x: x.sum(-1), True),
-            "softmax(dim=-1)": OpMeaning("softmax(dim=-1)", lambda x: torch.softmax(x, -1)),
-            "cumsum(dim=0)": OpMeaning("cumsum(dim=0)", lambda x: x.cumsum(0), True)},
+    "Op1": {
+        "sum(dim=-1)": OpMeaning("sum(dim=-1)", lambda x: x.sum(-1), True),
+        "softmax(dim=-1)": OpMeaning("softmax(dim=-1)", lambda x: torch.softmax(x, -1)),
+        "cumsum(dim=0)": OpMeaning("cumsum(dim=0)", lambda x: x.cumsum(0), True),
+    },
     "Op2": NAMED_OPS["Op2"],
     "Op3": NAMED_OPS["Op3"],
 }
@@ -147,8 +162,10 @@ def op_meaning(ctor: str, key: str) -> OpMeaning:
         raise Invalid(f'"{key}" is not a key of {ctor}')  # e.g. Op2 "neg": no such term exists
     if meaning is None:
         fixed = ", ".join(f'"{k}"' for k in NAMED_OPS.get(ctor, {})) or "none"
-        raise NotCheckable(f'op key "{key}" of {ctor} has no fixed meaning (keys a rule can name there: {fixed}; '
-                           f"other ops get numbered keys per graph)")
+        raise NotCheckable(
+            f'op key "{key}" of {ctor} has no fixed meaning (keys a rule can name there: {fixed}; '
+            f"other ops get numbered keys per graph)"
+        )
     return meaning
 
 
@@ -181,7 +198,9 @@ def apply_op(meaning: OpMeaning, operands: list[TV], const: float | None = None,
     return TV(out, scale)
 
 
-def _scale(meaning: OpMeaning, operands: list[TV], extra: tuple, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _scale(
+    meaning: OpMeaning, operands: list[TV], extra: tuple, out: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the op in float64 on the same inputs, the scale of its result)."""
     x64 = tuple(tv.value.double() for tv in operands)
     fn = lambda *xs: meaning.fn(*xs, *extra)  # noqa: E731
@@ -288,8 +307,11 @@ def _list(items: tuple, dim: int, checked: tuple = ()) -> ListVal:
     first = items[0].value if items else None
     for item in items:
         t = item.value
-        if not 0 <= dim < t.dim() or t.dim() != first.dim() or any(
-                t.shape[i] != first.shape[i] for i in range(t.dim()) if i != dim):
+        if (
+            not 0 <= dim < t.dim()
+            or t.dim() != first.dim()
+            or any(t.shape[i] != first.shape[i] for i in range(t.dim()) if i != dim)
+        ):
             raise Invalid(f"list members {[list(i.value.shape) for i in items]} do not concatenate on dim {dim}")
     return ListVal(items + checked, dim)
 
@@ -351,16 +373,49 @@ def _lsize(lst: ListVal) -> int:
 
 
 PRIMITIVES: dict[str, Callable] = {
-    "+": operator.add, "-": lambda a, b=None: -a if b is None else a - b, "*": operator.mul, "/": _div, "%": _rem,
-    "min": min, "max": max, "abs": abs, "neg": operator.neg,
-    "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "=": operator.eq,
-    "and": lambda a, b: a and b, "or": lambda a, b: a or b, "not": operator.not_, "xor": operator.xor,
-    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift,
-    "not-i64": operator.invert, "to-f64": float, "to-i64": int, "log2": lambda a: a.bit_length() - 1,
-    "sqrt": math.sqrt, "vec-of": lambda *xs: tuple(xs), "vec-empty": lambda: (), "vec-push": lambda v, x: (*v, x),
-    "vec-pop": lambda v: v[:-1], "vec-append": lambda *vs: sum(vs, ()), "vec-get": _vec_get, "vec-set": _vec_set,
-    "vec-length": len, "vec-remove": _vec_remove, "vec-range": lambda n: tuple(range(n)),
-    "vec-contains": lambda v, x: x in v, "vec-not-contains": lambda v, x: x not in v,
+    "+": operator.add,
+    "-": lambda a, b=None: -a if b is None else a - b,
+    "*": operator.mul,
+    "/": _div,
+    "%": _rem,
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "neg": operator.neg,
+    "<": operator.lt,
+    ">": operator.gt,
+    "<=": operator.le,
+    ">=": operator.ge,
+    "!=": operator.ne,
+    "=": operator.eq,
+    "and": lambda a, b: a and b,
+    "or": lambda a, b: a or b,
+    "not": operator.not_,
+    "xor": operator.xor,
+    "&": operator.and_,
+    "|": operator.or_,
+    "^": operator.xor,
+    "<<": operator.lshift,
+    ">>": operator.rshift,
+    "not-i64": operator.invert,
+    "to-f64": float,
+    "to-i64": int,
+    "log2": lambda a: a.bit_length() - 1,
+    "sqrt": math.sqrt,
+    "vec-of": lambda *xs: tuple(xs),
+    "vec-empty": lambda: (),
+    "vec-push": lambda v, x: (*v, x),
+    "vec-pop": lambda v: v[:-1],
+    "vec-append": lambda *vs: sum(vs, ()),
+    "vec-get": _vec_get,
+    "vec-set": _vec_set,
+    "vec-length": len,
+    "vec-remove": _vec_remove,
+    "vec-range": lambda n: tuple(range(n)),
+    "vec-contains": lambda v, x: x in v,
+    "vec-not-contains": lambda v, x: x not in v,
     # the analyses of language.egg, computed from values
-    "shape": lambda x: tuple(x.value.shape), "ldim": lambda lst: lst.dim, "lsize": _lsize,
+    "shape": lambda x: tuple(x.value.shape),
+    "ldim": lambda lst: lst.dim,
+    "lsize": _lsize,
 }

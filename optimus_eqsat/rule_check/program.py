@@ -25,12 +25,39 @@ ROOT = "%matched"
 IGNORED_ACTIONS = frozenset({"delete", "subsume", "panic", "extract"})
 ACTION_COMMANDS = IGNORED_ACTIONS | {"let", "set", "union"}
 # Top-level commands that are not facts.
-COMMANDS = frozenset({
-    "ruleset", "sort", "datatype", "datatype*", "function", "relation", "constructor", "rewrite", "birewrite",
-    "rule", "run", "run-schedule", "push", "pop", "check", "extract", "let", "union", "include", "input",
-    "output", "print-size", "print-function", "print-overall-statistics", "fail", "set-option", "delete",
-    "subsume", "unstable-combined-ruleset",
-})
+COMMANDS = frozenset(
+    {
+        "ruleset",
+        "sort",
+        "datatype",
+        "datatype*",
+        "function",
+        "relation",
+        "constructor",
+        "rewrite",
+        "birewrite",
+        "rule",
+        "run",
+        "run-schedule",
+        "push",
+        "pop",
+        "check",
+        "extract",
+        "let",
+        "union",
+        "include",
+        "input",
+        "output",
+        "print-size",
+        "print-function",
+        "print-overall-statistics",
+        "fail",
+        "set-option",
+        "delete",
+        "subsume",
+        "unstable-combined-ruleset",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -166,8 +193,9 @@ def _rule(value: list, index: int, line: int, text: str) -> Rule:
         actions = value[2] if len(value) > 2 and isinstance(value[2], list) else []
         return Rule(kind, name, index, line, text, tuple(query), tuple(actions))
     when = _options(value, 3).get(":when", [])
-    return Rule(kind, name, index, line, text, lhs=value[1], rhs=value[2],
-                when=tuple(when) if isinstance(when, list) else ())
+    return Rule(
+        kind, name, index, line, text, lhs=value[1], rhs=value[2], when=tuple(when) if isinstance(when, list) else ()
+    )
 
 
 def _add_derivations(program: Program, rule: Rule) -> None:
@@ -182,10 +210,12 @@ def _add_derivations(program: Program, rule: Rule) -> None:
             fn = action[1][0]
             if fn not in SEMANTIC_FUNCTIONS:
                 program.derivations.setdefault(fn, []).append(
-                    Derivation(fn, rule.query, tuple(lets), (*action[1][1:], action[2]), rule.text))
+                    Derivation(fn, rule.query, tuple(lets), (*action[1][1:], action[2]), rule.text)
+                )
         elif isinstance(head, str) and head not in ACTION_COMMANDS and head not in CTORS:
             program.derivations.setdefault(head, []).append(
-                Derivation(head, rule.query, tuple(lets), tuple(action[1:]), rule.text))
+                Derivation(head, rule.query, tuple(lets), tuple(action[1:]), rule.text)
+            )
 
 
 def environment(texts: Iterable[str]) -> Program:

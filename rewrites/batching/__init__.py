@@ -57,13 +57,26 @@ from optimus_eqsat.translate import Translation
 
 # The table of kinds, in the order their keys are computed (see kinds.py); importing
 # each module registers its kinds.
-from optimus_eqsat.rewrites.batching import elementwise, linear, layer_norm, grouped_linear, embedding, matmul, reduction  # noqa: E402,F401  isort: skip
+# isort: off
+from optimus_eqsat.rewrites.batching import elementwise, linear, layer_norm, grouped_linear  # noqa: E402,F401
+from optimus_eqsat.rewrites.batching import embedding, matmul, reduction  # noqa: E402,F401
+
+# isort: on
 from optimus_eqsat.rewrites.batching.grouped_linear import group_linear_can_pay  # noqa: E402
 
 MIN_GROUP = 2  # the cost model, not a threshold, decides whether a group pays
 
-__all__ = ["Batches", "BatchKind", "KINDS", "MIN_GROUP", "batch_facts", "build_order", "group_linear_can_pay",
-           "Candidate", "parse_candidate"]
+__all__ = [
+    "Batches",
+    "BatchKind",
+    "KINDS",
+    "MIN_GROUP",
+    "batch_facts",
+    "build_order",
+    "group_linear_can_pay",
+    "Candidate",
+    "parse_candidate",
+]
 
 
 @dataclass
@@ -102,8 +115,12 @@ def batch_facts(t: Translation, profile: Any = None, frozen: bool = False) -> Ba
     builder = BatchBuilder(t)
     stats: dict[str, int] = defaultdict(int)
     outputs: dict[str, list[int]] = defaultdict(list)
-    groups = [(kind_of[key], group) for key, key_groups in independent_groups(t, keyed).items()
-              for group in key_groups if len(group) >= MIN_GROUP]
+    groups = [
+        (kind_of[key], group)
+        for key, key_groups in independent_groups(t, keyed).items()
+        for group in key_groups
+        if len(group) >= MIN_GROUP
+    ]
     for kind, group in (groups[k] for k in build_order([g for _, g in groups])):
         if not kind.can_pay(context, len(group)) or not kind.build(builder, group):
             continue

@@ -40,15 +40,23 @@ def parse_candidate(i: int, term: Term) -> Candidate | None:
     """The candidate of node ``i`` unioned with ``term``, or None when it is not an op of whole values."""
     if not isinstance(term, _OP_TERMS):
         return None
-    children = [term.x] if isinstance(term, (Unary, Scalar, Op1)) else \
-        [term.a, term.b] if isinstance(term, (Binary, Op2)) else [term.a, term.b, term.c]
+    children = (
+        [term.x]
+        if isinstance(term, (Unary, Scalar, Op1))
+        else [term.a, term.b]
+        if isinstance(term, (Binary, Op2))
+        else [term.a, term.b, term.c]
+    )
     if not all(isinstance(ch, Id) for ch in children):
         return None
-    return Candidate(i, term.ctor, term.op, tuple(ch.i for ch in children),
-                     term.c if isinstance(term, Scalar) else None)
+    return Candidate(
+        i, term.ctor, term.op, tuple(ch.i for ch in children), term.c if isinstance(term, Scalar) else None
+    )
 
 
-def independent_groups(t: Translation, keyed: Mapping[Hashable, list[Candidate]]) -> dict[Hashable, list[list[Candidate]]]:
+def independent_groups(
+    t: Translation, keyed: Mapping[Hashable, list[Candidate]]
+) -> dict[Hashable, list[list[Candidate]]]:
     """Split each key's candidates into groups with no dependency inside a group.
 
     The groups are those of the greedy rule "in graph order, a candidate joins the first
@@ -113,8 +121,9 @@ def build_order(groups: list[list[Candidate]]) -> list[int]:
             owners[c.node].append(g)
     reads = nx.DiGraph()
     reads.add_nodes_from(range(len(groups)))
-    reads.add_edges_from((h, g) for g, group in enumerate(groups) for c in group for o in c.operands
-                         for h in owners.get(o, ()) if h != g)
+    reads.add_edges_from(
+        (h, g) for g, group in enumerate(groups) for c in group for o in c.operands for h in owners.get(o, ()) if h != g
+    )
     last = [group[-1].node for group in groups]
     dag = nx.condensation(reads)
     members = nx.get_node_attributes(dag, "members")

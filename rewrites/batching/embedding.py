@@ -58,8 +58,13 @@ def embedding_slots(spec: OpSpec) -> tuple[int, int] | None:
     elif spec.target in (torch.embedding, torch.ops.aten.embedding.default, torch.ops.aten.embedding):
         if len(spec.args) > len(_ATEN_EMBEDDING) or set(kwargs) - set(_ATEN_EMBEDDING):
             return None
-        a = {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False,
-             **dict(zip(_ATEN_EMBEDDING, spec.args)), **kwargs}
+        a = {
+            "padding_idx": -1,
+            "scale_grad_by_freq": False,
+            "sparse": False,
+            **dict(zip(_ATEN_EMBEDDING, spec.args)),
+            **kwargs,
+        }
         plain = a["padding_idx"] in (-1, None)
     else:
         return None
@@ -123,8 +128,9 @@ class Embedding(BatchKind):
         return True
 
     @staticmethod
-    def _build_stacked(b: BatchBuilder, group: list[Candidate], idxs: list[int], tables: list[int],
-                       rows: tuple[int, ...]) -> bool:
+    def _build_stacked(
+        b: BatchBuilder, group: list[Candidate], idxs: list[int], tables: list[int], rows: tuple[int, ...]
+    ) -> bool:
         """Indices of a symbolic size (a dynamic batch): segment offsets in the flat
         concatenation would be symbolic, so indices of one shape are stacked instead,
         each row shifted by its table's first row (``shift_rows``), and every member is

@@ -104,12 +104,14 @@ class GroupedLinear(BatchKind):
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         reg = b.t.registry
         item = reg.add_named("gl_item", OpSpec("call_function", gl_item, (Slot(0), Slot(1)), (), GROUPED_MEMBER))
-        item_b = reg.add_named("gl_item_b", OpSpec("call_function", gl_item, (Slot(0), Slot(1), Slot(2)), (),
-                                                   GROUPED_MEMBER))
+        item_b = reg.add_named(
+            "gl_item_b", OpSpec("call_function", gl_item, (Slot(0), Slot(1), Slot(2)), (), GROUPED_MEMBER)
+        )
         first = reg.add_named("gl_list", OpSpec("call_function", gl_list, (Slot(0),), (), PACK))
         cons = reg.add_named("gl_cons", OpSpec("call_function", gl_cons, (Slot(0), Slot(1)), (), PACK))
-        call = reg.add_named("grouped_linear", GroupedLinearSpec("call_function", grouped_linear_packed, (Slot(0),),
-                                                                 (), GROUPED_MATMUL))
+        call = reg.add_named(
+            "grouped_linear", GroupedLinearSpec("call_function", grouped_linear_packed, (Slot(0),), (), GROUPED_MATMUL)
+        )
         chain: Id | None = None
         for c in group:
             ids = [Id(o) for o in c.operands]

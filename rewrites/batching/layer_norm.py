@@ -42,9 +42,15 @@ class LayerNorm(BatchKind):
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         t, c0 = b.t, group[0]
         args = layer_norm_args(t.registry.specs[c0.key])
-        plain = t.registry.register(OpSpec("call_function", F.layer_norm,
-                                           (Slot(0), tuple(args["normalized_shape"]), None, None, args["eps"]), (),
-                                           REDUCTION))
+        plain = t.registry.register(
+            OpSpec(
+                "call_function",
+                F.layer_norm,
+                (Slot(0), tuple(args["normalized_shape"]), None, None, args["eps"]),
+                (),
+                REDUCTION,
+            )
+        )
         rank = len(t.shapes[c0.node])
         stacked_x, out = b.stack([c.operands[0] for c in group], rank)
         y = b.new(Op1(plain, stacked_x), out)

@@ -1,9 +1,9 @@
 """Linears -> one matmul: same shapes (bmm), ragged input widths (padded bmm), one shared input.
 
-  batch_linear (Inductor 22, 27)      same-shaped linears -> one bmm over stacked operands
-  batch_linear_lhs (23)               linears sharing one input -> one linear on concatenated weights
-  (not in Inductor) linear_padk       one output width, any input widths -> one bmm over inputs and
-                                      weights zero-padded to the widest input
+batch_linear (Inductor 22, 27)      same-shaped linears -> one bmm over stacked operands
+batch_linear_lhs (23)               linears sharing one input -> one linear on concatenated weights
+(not in Inductor) linear_padk       one output width, any input widths -> one bmm over inputs and
+                                    weights zero-padded to the widest input
 """
 
 from __future__ import annotations

@@ -28,10 +28,29 @@ from optimus_eqsat.tuple_ops import TupleItemSpec, tuple_item_specs
 
 # Ops of one tensor reducing (or normalizing) along ``dim``, by op name: torch-level
 # spellings take dim as the second positional argument or as ``dim=``.
-DIM_OPS = frozenset({
-    "sum", "mean", "amax", "amin", "var", "std", "var_mean", "std_mean", "logsumexp", "prod",
-    "softmax", "log_softmax", "_softmax", "_log_softmax", "cumsum", "cumprod", "aminmax", "any", "all",
-})
+DIM_OPS = frozenset(
+    {
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "var",
+        "std",
+        "var_mean",
+        "std_mean",
+        "logsumexp",
+        "prod",
+        "softmax",
+        "log_softmax",
+        "_softmax",
+        "_log_softmax",
+        "cumsum",
+        "cumprod",
+        "aminmax",
+        "any",
+        "all",
+    }
+)
 
 
 def _dim_position(spec: OpSpec) -> tuple[str, Any] | None:
@@ -67,7 +86,7 @@ def shifted_spec(spec: OpSpec, rank: int) -> OpSpec | None:
     moved = [d % rank + 1 for d in dims]
     new = moved[0] if isinstance(dim, int) else type(dim)(moved)
     if kind == "arg":
-        return dataclasses.replace(spec, args=spec.args[:at] + (new,) + spec.args[at + 1:])
+        return dataclasses.replace(spec, args=spec.args[:at] + (new,) + spec.args[at + 1 :])
     return dataclasses.replace(spec, kwargs=tuple((k, new if k == "dim" else v) for k, v in spec.kwargs))
 
 

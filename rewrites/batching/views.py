@@ -181,8 +181,9 @@ def _cyclic_run(t: Translation, items: list[Item], j: int, cat_dim: int) -> tupl
         if stride == sum(b - a for a, b in cycle) and all(cycle[i][1] == cycle[i + 1][0] for i in range(p - 1)):
             continue  # adjacent slices in order: one contiguous slice (the cat rules' work), or a longer cycle
         reps = 1
-        while all(slice_at(j + reps * p + i) == (a + reps * stride, b + reps * stride) for i, (a, b) in
-                  enumerate(cycle)):
+        while all(
+            slice_at(j + reps * p + i) == (a + reps * stride, b + reps * stride) for i, (a, b) in enumerate(cycle)
+        ):
             reps += 1
         while not isinstance(src_shape[dim], int) and reps >= 2 and base + reps * stride > src_shape[dim]:
             reps -= 1  # the last window would run past a source of unknown size (known: zero-padded)
@@ -224,8 +225,13 @@ def find_runs(t: Translation, items: list[Item], cat_dim: int | None = None, pad
             length, stride = _strided_run(t, items, j, pad)
             if length >= 2:
                 src, dim, a0, b0 = it.piece
-                run = Run(j, j + length, it.shape, _strided_stack(t, it.piece, stride, length, it.shape),
-                          dim if stride == b0 - a0 else None)
+                run = Run(
+                    j,
+                    j + length,
+                    it.shape,
+                    _strided_stack(t, it.piece, stride, length, it.shape),
+                    dim if stride == b0 - a0 else None,
+                )
         if cat_dim is not None and it.piece is not None and (run is None or run.contiguous_piece is not None):
             length, p, stride = _cyclic_run(t, items, j, cat_dim)
             if length > (run.stop - run.start if run else 0):  # pairs of adjacent slices repeated: a cycle
@@ -249,8 +255,9 @@ def _member_stack(cycle: list[Slot], length: int, shape: tuple[int, ...]) -> Sta
     return build
 
 
-def _strided_stack(t: Translation, piece: tuple[int, int, int, int], stride: int, length: int,
-                   shape: tuple[int, ...]) -> StackBuilder:
+def _strided_stack(
+    t: Translation, piece: tuple[int, int, int, int], stride: int, length: int, shape: tuple[int, ...]
+) -> StackBuilder:
     src, dim, a0, b0 = piece
     src_shape = t.shapes[src]
 
@@ -274,12 +281,14 @@ def name_term(t: Translation, term: Term, shape: tuple[int, ...] | None, emit: C
     return name
 
 
-def zero_padded(t: Translation, x: Term, shape: tuple[int, ...], dim: int, extra: int,
-                emit: Callable[[Fact], None]) -> Id:
+def zero_padded(
+    t: Translation, x: Term, shape: tuple[int, ...], dim: int, extra: int, emit: Callable[[Fact], None]
+) -> Id:
     """A new id for ``x`` (of ``shape``) with ``extra`` zeros appended on ``dim`` (F.pad, which
     fuses into its readers as an ordinary pointwise op)."""
-    key = t.registry.register(OpSpec("call_function", F.pad, (Operand(0), (0, 0) * (len(shape) - 1 - dim) + (0, extra)),
-                                     (), POINTWISE))
+    key = t.registry.register(
+        OpSpec("call_function", F.pad, (Operand(0), (0, 0) * (len(shape) - 1 - dim) + (0, extra)), (), POINTWISE)
+    )
     return name_term(t, Op1(key, x), shape[:dim] + (shape[dim] + extra,) + shape[dim + 1 :], emit)
 
 
@@ -335,8 +344,9 @@ def _only_inside_a_cat(t: Translation, cat: int, dim: int) -> bool:
     if len(users) != 1:
         return False
     outer = t.index.get(users[0])
-    return (outer in t.cats and t.cats[outer][1] == dim and t.status.get(outer) == "term"
-            and Id(cat) in t.cats[outer][0])  # flattened into it by _flat_items
+    return (
+        outer in t.cats and t.cats[outer][1] == dim and t.status.get(outer) == "term" and Id(cat) in t.cats[outer][0]
+    )  # flattened into it by _flat_items
 
 
 def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[Fact], None]) -> int:

@@ -30,8 +30,9 @@ _NUM_EMB = 10  # rows of every embedding table (and the bound of the index input
 class _Builder:
     """Graph under construction plus its concrete evaluation."""
 
-    def __init__(self, seed: int, *, opaque: bool, inplace: bool, params: bool, dropout_p: float = 0.0,
-                 dynamo: bool = False) -> None:
+    def __init__(
+        self, seed: int, *, opaque: bool, inplace: bool, params: bool, dropout_p: float = 0.0, dynamo: bool = False
+    ) -> None:
         self.rng = random.Random(seed)
         self.dropout_p = dropout_p  # the probability of every dropout the training builders emit
         self.dynamo = dynamo  # the program is captured by Dynamo afterwards (builders avoid what it cannot capture)
@@ -98,9 +99,7 @@ class _Builder:
     def _placeholder(self, name: str, value: torch.Tensor) -> fx.Node:
         # Placeholders are kept at the top of the graph, in creation order.
         ctx = (
-            self.graph.inserting_after(self.last_ph)
-            if self.last_ph is not None
-            else self.graph.inserting_before(None)
+            self.graph.inserting_after(self.last_ph) if self.last_ph is not None else self.graph.inserting_before(None)
         )
         with ctx:
             node = self.graph.placeholder(name)
@@ -168,7 +167,9 @@ class _Builder:
             self.pool.append(n)
         return n
 
-    def pick(self, pred: Callable[[torch.Tensor], bool] = lambda t: True, exclude: Sequence[fx.Node] = ()) -> fx.Node | None:
+    def pick(
+        self, pred: Callable[[torch.Tensor], bool] = lambda t: True, exclude: Sequence[fx.Node] = ()
+    ) -> fx.Node | None:
         """A pool value satisfying ``pred``, biased to recent ones (deep chains)."""
         cands = [n for n in self.pool if n not in exclude and pred(self.env[n])]
         if not cands:
@@ -229,7 +230,7 @@ class _Builder:
         if r < 0.5:
             return self.partner_same(x)
         if r < 0.75 and len(s) >= 2:
-            suffix = s[self.rng.randint(1, len(s) - 1):]
+            suffix = s[self.rng.randint(1, len(s) - 1) :]
             p = self.pick(lambda t: tuple(t.shape) == suffix)
             if p is not None:
                 return p

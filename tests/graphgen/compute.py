@@ -198,13 +198,17 @@ def _mask(b: _Builder, x: fx.Node) -> fx.Node | None:
 
 _BINARY: dict[str, Callable[[_Builder, fx.Node, fx.Node], fx.Node | None]] = {
     "add": lambda b, x, y: b.choice(
-        [lambda: b.fn(operator.add, x, y), lambda: b.either(torch.add, "add", x, y), lambda: b.fn(torch.add, x, y, alpha=0.5)]
+        [
+            lambda: b.fn(operator.add, x, y),
+            lambda: b.either(torch.add, "add", x, y),
+            lambda: b.fn(torch.add, x, y, alpha=0.5),
+        ]
     )(),
     "sub": lambda b, x, y: b.fn(operator.sub, x, y) if b.coin() else b.either(torch.sub, "sub", x, y),
     "mul": lambda b, x, y: b.fn(operator.mul, x, y) if b.coin() else b.either(torch.mul, "mul", x, y),
-    "div": lambda b, x, y: (lambda den: b.fn(operator.truediv, x, den) if b.coin() else b.either(torch.div, "div", x, den))(
-        b.fn(operator.add, b.either(torch.abs, "abs", y), 1.0)
-    ),
+    "div": lambda b, x, y: (
+        lambda den: b.fn(operator.truediv, x, den) if b.coin() else b.either(torch.div, "div", x, den)
+    )(b.fn(operator.add, b.either(torch.abs, "abs", y), 1.0)),
     "maximum": lambda b, x, y: b.either(torch.maximum, "maximum", x, y),
     "minimum": lambda b, x, y: b.either(torch.minimum, "minimum", x, y),
     "where": lambda b, x, y: (lambda m: None if m is None else b.fn(torch.where, m, x, y))(_mask(b, x)),

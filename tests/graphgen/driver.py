@@ -102,7 +102,7 @@ def _ensure_grads(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> None:
     missing_ph = [i for i, t in enumerate(ins) if t.requires_grad]
     ph_nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
     dead = [ph_nodes[i] for i, g in zip(missing_ph, grads) if g is None]
-    dead_params = [name for name, g in zip(params, grads[len(missing_ph):]) if g is None]
+    dead_params = [name for name, g in zip(params, grads[len(missing_ph) :]) if g is None]
     if not dead and not dead_params:
         return
     g = gm.graph
@@ -119,8 +119,9 @@ def _ensure_grads(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> None:
     gm.recompile()
 
 
-def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-                    dynamic_batch: bool = False) -> tuple[fx.GraphModule, tuple[Any, ...], tuple[int, ...]]:
+def _dynamo_capture(
+    gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], dynamic_batch: bool = False
+) -> tuple[fx.GraphModule, tuple[Any, ...], tuple[int, ...]]:
     """Run the program through torch.compile and keep the graph Dynamo hands
     its backend (torch-level, meta["example_value"] set; params become inputs).
 
@@ -148,14 +149,20 @@ def _dynamo_capture(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
     torch._dynamo.reset()
     buffers = {id(t) for t in gm.buffers()}
     state = tuple(i for i, t in enumerate(captured["inputs"]) if id(t) in buffers)
-    ex = tuple(t.detach().clone() if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
-               else int(t.node.hint) if isinstance(t, torch.SymInt) else t
-               for t in captured["inputs"])
+    ex = tuple(
+        t.detach().clone()
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter)
+        else int(t.node.hint)
+        if isinstance(t, torch.SymInt)
+        else t
+        for t in captured["inputs"]
+    )
     return captured["gm"], ex, state
 
 
-def _in_dtype(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
-              dtype: torch.dtype) -> tuple[fx.GraphModule, tuple[torch.Tensor, ...]] | None:
+def _in_dtype(
+    gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...], dtype: torch.dtype
+) -> tuple[fx.GraphModule, tuple[torch.Tensor, ...]] | None:
     """The program with its float parameters and inputs in ``dtype``; None when eager
     cannot run it forward and backward in that dtype (an op without such a kernel)."""
     low = gm.to(dtype)
@@ -164,8 +171,11 @@ def _in_dtype(gm: fx.GraphModule, inputs: tuple[torch.Tensor, ...],
         leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in ins]
         outs = [o for o in low(*leaves) if o.requires_grad]
         if outs:
-            torch.autograd.grad(sum(o.float().sum() for o in outs), [t for t in leaves if t.requires_grad] + list(low.parameters()),
-                                allow_unused=True)
+            torch.autograd.grad(
+                sum(o.float().sum() for o in outs),
+                [t for t in leaves if t.requires_grad] + list(low.parameters()),
+                allow_unused=True,
+            )
     except (RuntimeError, NotImplementedError):
         return None
     return low, ins
@@ -210,13 +220,25 @@ def random_graph(
     """
     with single_thread(), torch.random.fork_rng():
         torch.manual_seed(RNG_SEED)
-        return _random_graph(seed, n_ops, opaque, inplace, params, with_meta, dynamo, dynamic_batch, dtype,
-                             train, checkpoint, dropout_p)
+        return _random_graph(
+            seed, n_ops, opaque, inplace, params, with_meta, dynamo, dynamic_batch, dtype, train, checkpoint, dropout_p
+        )
 
 
-def _random_graph(seed: int, n_ops: int, opaque: bool, inplace: bool, params: bool, with_meta: bool, dynamo: bool,
-                  dynamic_batch: bool = False, dtype: torch.dtype = torch.float32, train: bool = False,
-                  checkpoint: bool = False, dropout_p: float = 0.0) -> GeneratedGraph:
+def _random_graph(
+    seed: int,
+    n_ops: int,
+    opaque: bool,
+    inplace: bool,
+    params: bool,
+    with_meta: bool,
+    dynamo: bool,
+    dynamic_batch: bool = False,
+    dtype: torch.dtype = torch.float32,
+    train: bool = False,
+    checkpoint: bool = False,
+    dropout_p: float = 0.0,
+) -> GeneratedGraph:
     b = _Builder(seed, opaque=opaque, inplace=inplace, params=params, dropout_p=dropout_p, dynamo=dynamo)
     enabled = {"": True, "opaque": opaque, "inplace": inplace, "train": train, "checkpoint": checkpoint}
     _make_inputs(b)

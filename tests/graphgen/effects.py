@@ -95,7 +95,9 @@ def b_inplace(b: _Builder) -> bool:
     else:
         base = b.fn(operator.add, x, 0)
     if b.coin(0.6):  # read before the mutation; add/neg/sum do not save base
-        before = b.choice([lambda: b.fn(operator.add, base, 1.0), lambda: b.meth("neg", base), lambda: b.meth("sum", base, -1)])()
+        before = b.choice(
+            [lambda: b.fn(operator.add, base, 1.0), lambda: b.meth("neg", base), lambda: b.meth("sum", base, -1)]
+        )()
         b.keep(before)
     target, vkind = _view_of(b, base)
     b.tag(f"inplace:view_{vkind}")
@@ -109,9 +111,17 @@ def b_inplace(b: _Builder) -> bool:
             other = b.partner_same(target, exclude=(base,)) if b.coin() else 0.5
             node = b.meth("add_", target, other)
         elif op == "mul_":
-            node = b.meth("mul_", target, b.choice([2.0, -1.0, 0.5])) if b.coin(0.6) else b.meth("mul_", target, b.partner_same(target, exclude=(base,)))
+            node = (
+                b.meth("mul_", target, b.choice([2.0, -1.0, 0.5]))
+                if b.coin(0.6)
+                else b.meth("mul_", target, b.partner_same(target, exclude=(base,)))
+            )
         elif op == "copy_":
-            node = b.meth("copy_", target, b.cheap_unary(x) if b.shape(x) == b.shape(target) else b.partner_same(target, exclude=(base,)))
+            node = b.meth(
+                "copy_",
+                target,
+                b.cheap_unary(x) if b.shape(x) == b.shape(target) else b.partner_same(target, exclude=(base,)),
+            )
         else:
             node = b.meth("relu_", target) if b.coin() else b.fn(torch.relu_, target)
         b.effects.add(node)

@@ -105,9 +105,16 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
 #: every tag the training builders must produce over the fuzzer's training flavours
 #: (tests/test_fuzz.py asserts coverage; ALL_FAMILIES is what the default options produce)
 TRAIN_FAMILIES: tuple[str, ...] = (
-    "train:batch_norm_module", "train:batch_norm_noaffine", "train:batch_norm_cumulative",
-    "train:batch_norm_fn", "train:dropout_module", "train:dropout_fn", "train:dropout_torch",
-    "train:checkpoint", "train:checkpoint_batch_norm", "train:checkpoint_cat",
+    "train:batch_norm_module",
+    "train:batch_norm_noaffine",
+    "train:batch_norm_cumulative",
+    "train:batch_norm_fn",
+    "train:dropout_module",
+    "train:dropout_fn",
+    "train:dropout_torch",
+    "train:checkpoint",
+    "train:checkpoint_batch_norm",
+    "train:checkpoint_cat",
 )
 
 #: every family tag some seed must produce (test_graphgen asserts coverage)

@@ -42,7 +42,7 @@ def b_split_cat(b: _Builder) -> bool:
         b.rng.shuffle(idxs)
     elif mode == "partial" and count > 1:
         lo = b.rng.randrange(count)
-        idxs = idxs[lo:b.rng.randint(lo + 1, count)]
+        idxs = idxs[lo : b.rng.randint(lo + 1, count)]
     pieces = [b.getitem(node, i) for i in idxs]
     cd = b.choice([e for e in range(r) if e != d]) if other else d
     if b.coin(0.4):  # extra inputs around the pieces
@@ -211,7 +211,11 @@ def b_batch_linears(b: _Builder) -> bool:
     r = len(s)
     d = b.choice([i for i, v in enumerate(s) if v % 2 == 0])
     m = b.choice([k for k in (2, 3, 4) if s[d] % k == 0] or [2])
-    node = b.dim_call(torch.split, "split", x, b.negd(d, r), s[d] // m) if b.coin() else b.either(torch.chunk, "chunk", x, m, b.negd(d, r))
+    node = (
+        b.dim_call(torch.split, "split", x, b.negd(d, r), s[d] // m)
+        if b.coin()
+        else b.either(torch.chunk, "chunk", x, m, b.negd(d, r))
+    )
     bias, n_out = b.coin(0.7), b.choice(_DIM_CHOICES[1:])
     outs = [_linear(b, b.getitem(node, i), n_out, bias) for i in range(len(b.env[node]))]
     b.tag("tangle:batch_linears")

@@ -53,7 +53,7 @@ def _redraw(b: _Builder, module: nn.Module) -> nn.Module:
             if isinstance(m, nn.Linear):
                 for t in (m.weight, m.bias):
                     if t is not None:
-                        t.copy_(b.rand(t.shape, m.in_features ** -0.5))
+                        t.copy_(b.rand(t.shape, m.in_features**-0.5))
             elif isinstance(m, nn.BatchNorm1d):
                 for t, positive in ((m.weight, True), (m.bias, False), (m.running_mean, False), (m.running_var, True)):
                     if t is not None:
@@ -96,8 +96,11 @@ def b_batch_norm(b: _Builder) -> bool:
     if b.coin(0.6):
         affine = b.coin(0.8)
         name = _register(b, "bn", _new_module(nn.BatchNorm1d, channels, momentum=momentum, affine=affine).train())
-        b.tag("train:batch_norm_module", *([] if affine else ["train:batch_norm_noaffine"]),
-              *(["train:batch_norm_cumulative"] if momentum is None else []))
+        b.tag(
+            "train:batch_norm_module",
+            *([] if affine else ["train:batch_norm_noaffine"]),
+            *(["train:batch_norm_cumulative"] if momentum is None else []),
+        )
         node = b.emit("call_module", name, (x,))
     else:
         mean, var = b.buffer((channels,), "running_mean"), b.buffer((channels,), "running_var")

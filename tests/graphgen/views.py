@@ -179,10 +179,10 @@ def _reshape_target(b: _Builder, s: tuple[int, ...]) -> list[int] | None:
     kind = b.choice(opts)
     if kind == "merge":
         i = b.rng.randrange(len(s) - 1)
-        out = s[:i] + [s[i] * s[i + 1]] + s[i + 2:]
+        out = s[:i] + [s[i] * s[i + 1]] + s[i + 2 :]
     elif kind == "split":
         i = b.choice([j for j, v in enumerate(s) if v >= 4 and v % 2 == 0])
-        out = s[:i] + [2, s[i] // 2] + s[i + 1:]
+        out = s[:i] + [2, s[i] // 2] + s[i + 1 :]
     elif kind == "unsq":
         i = b.rng.randint(0, len(s))
         out = s[:i] + [1] + s[i:]
