@@ -238,11 +238,31 @@ class _FunctionRef:
         return getattr(importlib.import_module(self.module), self.name)
 
 
+class _OpRef(_FunctionRef):
+    """An operator of ``torch.ops`` (``aten.mm.default``, ``aten.mm``), by namespace, name and
+    overload: pickle cannot name one (a post-grad graph is made of them)."""
+
+    def __init__(self, target: torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        if isinstance(target, torch._ops.OpOverload):
+            self.parts = (target.namespace, target._opname, target._overloadname)
+        else:
+            namespace, name = target._qualified_op_name.split("::")
+            self.parts = (namespace, name)
+
+    def resolve(self) -> Any:
+        return operator.attrgetter(".".join(self.parts))(torch.ops)
+
+
 def _picklable_target(target: Any) -> Any:
     """``target``, or a :class:`_FunctionRef` to it when pickle cannot name it but its module
-    attribute of that name is the very function."""
+    attribute of that name is the very function (an :class:`_OpRef` for ``torch.ops``'s)."""
     if _picklable(target):
         return target
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        ref = _OpRef(target)
+        if ref.resolve() is not target:
+            raise ValueError(f"target {target!r} cannot be named")
+        return ref
     ref = _FunctionRef(target)
     if ref.resolve() is not target:
         raise ValueError(f"target {target!r} cannot be named")

@@ -322,3 +322,18 @@ def test_a_graph_calling_functions_pickle_cannot_name_is_cached(cache_dir):
     second = optimize_graph(gm, inputs, profile="cpu")
     assert second.meta["optimus_eqsat"].from_cache and second.code == first.code
     torch.testing.assert_close(second(*inputs), first(*inputs))
+
+
+def test_an_aten_graph_of_torch_ops_operators_is_cached(cache_dir):
+    """A post-grad graph calls ``torch.ops.aten`` overloads, which pickle cannot name."""
+    from optimus_eqsat.inductor_count import capture_dynamo_graph
+    from optimus_eqsat.postgrad import optimize_aten_graph
+    from optimus_eqsat.postgrad.capture import aten_graphs
+
+    torch.manual_seed(0)
+    model = DemoRecModel(features=2)
+    gm, example = capture_dynamo_graph(model, model.example_inputs(batch=8))
+    forward = aten_graphs(gm, example)[0]
+    assert any(isinstance(n.target, torch._ops.OpOverload) for n in forward.graph.nodes)
+    reports = [optimize_aten_graph(copy.deepcopy(forward).graph, profile="cpu") for _ in range(2)]
+    assert len(PROGRAMS) == 1 and not reports[0].from_cache and reports[1].from_cache
