@@ -53,9 +53,20 @@ def graph_infos(gm: fx.GraphModule, example_inputs: Sequence[Any] | None) -> Inf
     try:
         values = node_values(gm, example_inputs, shape_meta=True)
     except ExampleInputError as exc:
-        log.warning("the example inputs did not run (%s); predicting without their shapes", exc)
+        # Fake inputs cannot give a value the graph reads (a .item() under dynamic shapes):
+        # expected, and the meta is there; any other failure is the caller's to hear about.
+        level = logging.INFO if _data_dependent(exc.__cause__) else logging.WARNING
+        log.log(level, "the example inputs did not run (%s); predicting without their shapes", exc)
         values = node_values(gm, None, shape_meta=True)
     return {node: tensor_infos(value) for node, value in values.items()}
+
+
+def _data_dependent(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is fake tensors' refusal to produce a value that depends on data."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return isinstance(exc, (DataDependentOutputException, GuardOnDataDependentSymNode))
 
 
 def arg_nodes(node: fx.Node) -> list[fx.Node]:

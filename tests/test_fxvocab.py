@@ -131,6 +131,20 @@ def test_cost_model_predicts_without_shapes_when_inputs_do_not_run(caplog):
     assert predict_kernels(gm, (torch.randn(3, 5),))  # still a prediction
 
 
+def test_fake_inputs_a_graph_reads_values_of_are_no_warning(caplog):
+    """Under dynamic shapes the backend's inputs are fake: a graph calling ``.item()`` cannot
+    run on them, which is expected (logged at INFO), not the caller's mistake."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gm = fx.symbolic_trace(lambda x: x * x.sum().item())
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.randn(3, 5))
+    with caplog.at_level(logging.INFO):
+        graph_infos(gm, (fake,))
+    assert "did not run" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_strategies_and_pricing_seam():
     with pytest.raises(ValueError, match="unknown code generator"):
         strategy_for("tpu")
