@@ -38,7 +38,7 @@ from optimus_eqsat.fxvocab import (
 from optimus_eqsat.fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
 from optimus_eqsat.rebuild_sizes import SizeWriter
 from optimus_eqsat.term import CTORS, OP_CTORS
-from optimus_eqsat.translate import Translation
+from optimus_eqsat.translate import NodeStatus, Translation
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class Rebuilder:
         return self.graph.call_method("permute", (dense, *inverse))
 
     def _task_for_original(self, i: int) -> tuple[str, int]:
-        if self.t.status.get(i) in ("term", "leaf"):
+        if self.t.status.get(i) in (NodeStatus.TERM, NodeStatus.LEAF):
             return ("class", self.eg.class_of_id[i])
         return ("orig", i)
 

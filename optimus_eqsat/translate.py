@@ -25,6 +25,7 @@ but unordered. Under ``fallback_random`` they keep their order among themselves
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -79,6 +80,19 @@ class Impure(Unsupported):
     """A known op with a side effect (random, in training mode): opaque and ordered."""
 
 
+class NodeStatus(str, enum.Enum):
+    """What the translator made of an FX node (a ``str``: compares equal to its value)."""
+
+    TERM = "term"  # a term of the language
+    LEAF = "leaf"  # a graph input, parameter or constant: a Leaf term
+    OPAQUE = "opaque"  # kept as it is (an unknown op, mutated memory): an opaque Leaf
+    PIECES = "pieces"  # a split or tuple op: its pieces are terms, the node itself none
+    OUTPUT = "output"  # the graph's output node
+
+    def __str__(self) -> str:  # messages and tables show the value, as before the enum
+        return self.value
+
+
 @dataclass
 class Translation:
     """The facts for one graph, and what the rebuilder needs to map terms back."""
@@ -86,7 +100,7 @@ class Translation:
     gm: torch.fx.GraphModule
     nodes: list[torch.fx.Node]
     facts: list[Fact] = field(default_factory=list)
-    status: dict[int, str] = field(default_factory=dict)  # "term" | "leaf" | "pieces" | "opaque" | "output"
+    status: dict[int, NodeStatus] = field(default_factory=dict)  # what each node became
     # sizes >= 0, or codes of symbolic sizes (< 0: ``symbols`` says which expression and hint)
     shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     symbols: SymbolicSizes = field(default_factory=SymbolicSizes)
@@ -299,7 +313,7 @@ class Translator:
         if not isinstance(value, torch.fx.Node):
             raise Unsupported(f"{value!r} is not a tensor value")
         i = self.ids[value]
-        if self.t.status.get(i) not in ("term", "leaf", "opaque"):
+        if self.t.status.get(i) not in (NodeStatus.TERM, NodeStatus.LEAF, NodeStatus.OPAQUE):
             raise Unsupported(f"{value.name} is not a tensor term")
         return Id(i)
 
@@ -383,7 +397,7 @@ class Translator:
             if node.op in ("placeholder", "get_attr"):
                 self._leaf(i)
             elif node.op == "output":
-                t.status[i] = "output"
+                t.status[i] = NodeStatus.OUTPUT
             elif node in forced:
                 self._opaque(i, "reads or writes mutated memory", ordered=True)
             else:
@@ -424,7 +438,7 @@ class Translator:
             return
         self.t.facts.append(Union(Id(i), term))
         self.t.terms[i] = term
-        self.t.status[i] = "term"
+        self.t.status[i] = NodeStatus.TERM
         # Every known shape is loaded, also those the shape rules could derive: derived
         # along a chain they take one saturation step per node (quadratic on deep graphs).
         if i in self.t.shapes:
@@ -441,14 +455,14 @@ class Translator:
         return i in shapes and term.x.i in shapes and tuple(shapes[i]) != tuple(shapes[term.x.i])
 
     def _leaf(self, i: int) -> None:
-        self.t.status[i] = "leaf"
+        self.t.status[i] = NodeStatus.LEAF
         self._emit(i, Leaf(i))
-        self.t.status[i] = "leaf"
+        self.t.status[i] = NodeStatus.LEAF
 
     def _opaque(self, i: int, reason: str, ordered: bool) -> None:
         self.t.opaque_reasons[i] = reason
         self._emit(i, Leaf(i))
-        self.t.status[i] = "opaque"
+        self.t.status[i] = NodeStatus.OPAQUE
         if ordered:
             self.t.ordered.add(i)
 
@@ -469,7 +483,7 @@ class Translator:
         result = handler(self, bound)
         if isinstance(result, list):
             self.split_pieces[i] = result
-            self.t.status[i] = "pieces"
+            self.t.status[i] = NodeStatus.PIECES
         else:
             self._emit(i, result)
 
@@ -529,20 +543,20 @@ class Translator:
         """Classes to extract: graph outputs and inputs of verbatim-copied nodes."""
         t = self.t
         roots: dict[int, None] = {}
-        work = [i for i, s in t.status.items() if s in ("opaque", "output")]
+        work = [i for i, s in t.status.items() if s in (NodeStatus.OPAQUE, NodeStatus.OUTPUT)]
         seen = set(work)
         while work:
             i = work.pop()
             t.copied.add(i)
             for arg in self.nodes[i].all_input_nodes:
                 j = self.ids[arg]
-                if t.status[j] == "pieces":
+                if t.status[j] == NodeStatus.PIECES:
                     if j not in seen:  # a split read whole by an opaque node is copied too
                         seen.add(j)
                         work.append(j)
-                elif t.status[j] in ("term", "leaf"):
+                elif t.status[j] in (NodeStatus.TERM, NodeStatus.LEAF):
                     roots[j] = None
-        t.copied -= {i for i, s in t.status.items() if s == "output"}
+        t.copied -= {i for i, s in t.status.items() if s == NodeStatus.OUTPUT}
         t.roots = list(roots)
 
 

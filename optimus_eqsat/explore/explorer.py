@@ -38,6 +38,7 @@ from optimus_eqsat.fx_graphs import op_count
 from optimus_eqsat.rebuild import propagate_meta, rebuild
 from optimus_eqsat.rewrites import shape_rules
 from optimus_eqsat.term import OP_CTORS
+from optimus_eqsat.translate import NodeStatus
 
 __all__ = ["Explorer", "SteeringError", "ExportMismatch"]
 
@@ -139,7 +140,11 @@ class Explorer:
         """(class, node index) of every loaded FX term -> the FX node names."""
         t, out = self.run.translation, {}
         for i in range(len(t.gm.graph.nodes)):
-            found = self.terms.original_enode(i) if t.status.get(i) in ("term", "leaf", "opaque") else None
+            found = (
+                self.terms.original_enode(i)
+                if t.status.get(i) in (NodeStatus.TERM, NodeStatus.LEAF, NodeStatus.OPAQUE)
+                else None
+            )
             if found is not None:
                 out.setdefault(found, []).append(t.nodes[i].name)
         return out
@@ -163,7 +168,7 @@ class Explorer:
         t = self.run.translation
         if i not in self.egraph.class_of_id:
             status = t.status.get(i)
-            if status == "pieces":
+            if status == NodeStatus.PIECES:
                 users = ", ".join(u.name for u in t.nodes[i].users)
                 raise KeyError(f"{target!r} is a split: it has no e-class of its own; its pieces are {users}")
             raise KeyError(f"{target!r} ({status}) has no e-class")
@@ -240,7 +245,7 @@ class Explorer:
         k = choice.get(c)
         orig_text = self._original_text(i, c)
         status = self.run.translation.status.get(i)
-        if status == "opaque":
+        if status == NodeStatus.OPAQUE:
             why = self.run.translation.opaque_reasons.get(i, "")
             return Replacement(name, c, orig_text, None, f"(copied verbatim: opaque, {why})", False, [], self)
         if k is None:
@@ -259,7 +264,7 @@ class Explorer:
         for i, n in enumerate(t.gm.graph.nodes):
             if n.op not in ("call_function", "call_method", "call_module") or i not in self.egraph.class_of_id:
                 continue
-            if t.status.get(i) == "opaque":
+            if t.status.get(i) == NodeStatus.OPAQUE:
                 continue
             c = self.egraph.class_of_id[i]
             original = self.terms.original_enode(i)

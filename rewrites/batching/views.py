@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from optimus_eqsat.opspec import POINTWISE, OpSpec
 from optimus_eqsat.opspec import Slot as Operand
 from optimus_eqsat.term import Cat, Fact, Id, KnownShape, Op1, Permute, Reshape, Slice, Term, Union, cons_list
-from optimus_eqsat.translate import Translation
+from optimus_eqsat.translate import NodeStatus, Translation
 
 Slot = tuple[Hashable, int]  # (batched term, position of the member in it)
 # Writes a run's stack term: given where to emit list-naming facts and fresh list ids.
@@ -332,7 +332,7 @@ def _flat_items(t: Translation, cat: int, dim: int) -> list[Term]:
     while pending:
         term = pending.pop()
         inner = term.i if isinstance(term, Id) else None
-        if inner is not None and inner in t.cats and t.cats[inner][1] == dim and t.status.get(inner) == "term":
+        if inner is not None and inner in t.cats and t.cats[inner][1] == dim and t.status.get(inner) == NodeStatus.TERM:
             pending.extend(reversed(t.cats[inner][0]))
         else:
             out.append(term)
@@ -345,7 +345,10 @@ def _only_inside_a_cat(t: Translation, cat: int, dim: int) -> bool:
         return False
     outer = t.index.get(users[0])
     return (
-        outer in t.cats and t.cats[outer][1] == dim and t.status.get(outer) == "term" and Id(cat) in t.cats[outer][0]
+        outer in t.cats
+        and t.cats[outer][1] == dim
+        and t.status.get(outer) == NodeStatus.TERM
+        and Id(cat) in t.cats[outer][0]
     )  # flattened into it by _flat_items
 
 
@@ -357,7 +360,7 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[F
     """
     added = 0
     for cat, (_, dim) in t.cats.items():
-        if t.status.get(cat) != "term" or _only_inside_a_cat(t, cat, dim):
+        if t.status.get(cat) != NodeStatus.TERM or _only_inside_a_cat(t, cat, dim):
             continue  # an inner cat is covered by its outer one (and a chain of n is not flattened n times)
         items = [make_item(t, term, slot_of) for term in _flat_items(t, cat, dim)]
         runs = find_runs(t, items, cat_dim=dim, pad=True)
