@@ -40,7 +40,7 @@ from optimus_eqsat.extract.egraph import (
     dag_cost,
 )
 from optimus_eqsat.extract.greedy import GreedyDagExtractor
-from optimus_eqsat.extract.ilp_model import _build, _decode
+from optimus_eqsat.extract.ilp_model import build_model, decode_choice
 from optimus_eqsat.extract.ilp_reduce import reduce_for_ilp
 
 __all__ = ["IlpExtractor", "reduce_for_ilp"]
@@ -134,7 +134,7 @@ class IlpExtractor:
         info.update(ilp_classes=cg.n_classes, ilp_nodes=cg.n_nodes, reduce_s=time.perf_counter() - t0)
         need_rows = cg.n_nodes <= self.need_rows_max_nodes
         conflict_rows = cg.n_nodes <= self.conflict_rows_max_nodes
-        objective, integrality, bounds, constraints, n_x = _build(
+        objective, integrality, bounds, constraints, n_x = build_model(
             cg, need_rows, conflict_rows, self.max_reach_arcs, info
         )
         info.update(need_rows=need_rows, conflict_rows=conflict_rows)
@@ -168,7 +168,7 @@ class IlpExtractor:
         if res.x is None:
             return _fallback(greedy, info, dual)
         try:
-            choice, _ = cg.to_choice(_decode(cg, res.x, n_x))
+            choice, _ = cg.to_choice(decode_choice(cg, res.x, n_x))
             cost = dag_cost(graph, choice)  # re-verify: acyclic and complete
         except (ExtractionError, IndexError) as err:  # solver tolerance surprises
             info["decode_error"] = str(err)

@@ -1,4 +1,4 @@
-"""The exact extractor's integer program over a reduced compact e-graph (:func:`_build`).
+"""The exact extractor's integer program over a reduced compact e-graph (:func:`build_model`).
 
 Columns: ``x_n`` (node n chosen) for every node, then ``y_c`` (class c
 needed) for every class, both 0-1, then continuous helper columns for
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from scipy.optimize import Bounds, LinearConstraint
 
 from optimus_eqsat.extract.egraph import CompactGraph
-from optimus_eqsat.extract.ilp_needs import _bits, _need_pairs, _needs, _node_needs
+from optimus_eqsat.extract.ilp_needs import class_needs, need_pairs, node_needs, set_bits
 
 
 class _Model:
@@ -95,7 +95,7 @@ def _cycle_conflicts(cg: CompactGraph, below: dict[int, int | None], max_rows: i
     """Node pairs and triples that can never all be chosen (they close a cycle).
 
     Nodes n (class c) and m (class d) conflict when d is below n and c is
-    below m (``below`` of :func:`_node_needs`): c would be under itself.
+    below m (``below`` of :func:`node_needs`): c would be under itself.
     Triples n -> m1 -> m2 -> n likewise, where no pair of them conflicts
     already. At most ``max_rows`` are returned (each one is valid alone).
     """
@@ -107,7 +107,7 @@ def _cycle_conflicts(cg: CompactGraph, below: dict[int, int | None], max_rows: i
     pairs: set[tuple[int, int]] = set()
     for n, v in usable.items():
         c = cg.node_class[n]
-        for d in _bits(v):
+        for d in set_bits(v):
             if d > c:
                 pairs.update((n, m) for m in cg.class_nodes[d] if above(m, c))
     out: list[tuple[int, ...]] = sorted(pairs)
@@ -117,13 +117,13 @@ def _cycle_conflicts(cg: CompactGraph, below: dict[int, int | None], max_rows: i
 
     for n, v in usable.items():
         c = cg.node_class[n]
-        for d1 in _bits(v):  # the smallest class of the cycle is c: each triple once
+        for d1 in set_bits(v):  # the smallest class of the cycle is c: each triple once
             if d1 <= c:
                 continue
             for m1 in cg.class_nodes[d1]:
                 if m1 not in usable or not free(n, m1):
                     continue
-                for d2 in _bits(usable[m1] & ~v):  # d2 in v: (n, m2) would be a pair
+                for d2 in set_bits(usable[m1] & ~v):  # d2 in v: (n, m2) would be a pair
                     if d2 <= c:
                         continue
                     for m2 in cg.class_nodes[d2]:
@@ -155,7 +155,7 @@ def _arcs(cg: CompactGraph, members: list[int], below: dict[int, int | None]) ->
             v = below.get(n)
             if v is None:
                 continue
-            for d in _bits(v):
+            for d in set_bits(v):
                 if d != c and d in arcs[c] and d not in cg.node_children[n]:
                     arcs[c][d].append(n)
     return arcs
@@ -271,7 +271,7 @@ def _order_rows(model: _Model, cg: CompactGraph, members: list[int]) -> None:
                     _exit_cut(model, cg, (c, d))
 
 
-def _build(
+def build_model(
     cg: CompactGraph,
     need_rows: bool = True,
     conflict_rows: bool = True,
@@ -291,8 +291,8 @@ def _build(
     # Need implications: every acyclic term of c contains d, so y_c <= y_d
     # (and classes every root needs are fixed to 1). Without them the LP pays
     # a class that all alternatives of its user share only fractionally.
-    need = _needs(cg)
-    for c, d in _need_pairs(cg, need) if need_rows else ():
+    need = class_needs(cg)
+    for c, d in need_pairs(cg, need) if need_rows else ():
         if len(cg.class_nodes[c]) == 1 and d in cg.node_children[cg.class_nodes[c][0]]:
             continue  # already implied by x_n <= y_d
         row([(n_x + c, 1.0), (n_x + d, -1.0)], -np.inf, 0.0)
@@ -303,7 +303,7 @@ def _build(
     # Cycle conflicts: k nodes whose "below" sets chain back to the first
     # class can have at most k - 1 chosen. They cut the cat-of-own-slices and
     # view round trips, and lift the reach rows' arcs (_arcs).
-    below = _node_needs(cg, need, (comps, cyclic, labels)) if conflict_rows else {}
+    below = node_needs(cg, need, (comps, cyclic, labels)) if conflict_rows else {}
     for tup in _cycle_conflicts(cg, below):
         row([(n, 1.0) for n in tup], -np.inf, len(tup) - 1.0)
 
@@ -347,7 +347,7 @@ def _build(
     integrality[: n_x + n_c] = 1
     lb = np.zeros(n_var)
     lb[[n_x + r for r in cg.roots]] = 1.0
-    lb[[n_x + d for d in _bits(forced)]] = 1.0
+    lb[[n_x + d for d in set_bits(forced)]] = 1.0
     ub = np.concatenate([np.ones(n_x + n_c), np.array(model.extra_ub, dtype=float)])
     ub[self_loops] = 0.0
     ub[[n for n, v in below.items() if v is None]] = 0.0  # no acyclic program can pick it
@@ -361,7 +361,7 @@ def _build(
     return objective, integrality, Bounds(lb, ub), LinearConstraint(a, model.lo, model.hi), n_x
 
 
-def _decode(cg: CompactGraph, x: np.ndarray, n_x: int) -> list[int]:
+def decode_choice(cg: CompactGraph, x: np.ndarray, n_x: int) -> list[int]:
     """Chosen node per compact class (-1 where none) from a solver vector."""
     best = [-1] * cg.n_classes
     for n in np.flatnonzero(x[:n_x] > 0.5).tolist():

@@ -1,13 +1,13 @@
 """What every acyclic program must contain: the need sets of the exact extractor.
 
-``need(d)`` (:func:`_needs`) is the set of classes every acyclic term of class
+``need(d)`` (:func:`class_needs`) is the set of classes every acyclic term of class
 ``d`` contains: the greatest fixpoint of
 ``need(d) = {d} | AND_nodes OR_children need(child)``, with Python ints as
 bitsets and None for a class with no acyclic term. Less the class itself, it
-is a strict partial order on the classes with terms (:func:`_need_pairs`
+is a strict partial order on the classes with terms (:func:`need_pairs`
 gives its Hasse pairs).
 
-``below(n)`` (:func:`_node_needs`), for a node n of class c with a child in
+``below(n)`` (:func:`node_needs`), for a node n of class c with a child in
 its own cyclic component, is the need of n's children computed with c banned:
 every acyclic program picking n holds those classes under c.
 
@@ -54,7 +54,7 @@ def _local_need(local: dict[int, int | None], need: list[int | None]) -> Callabl
     return lambda ch: local[ch] if ch in local else need[ch] and 0
 
 
-def _needs(cg: CompactGraph) -> list[int | None]:
+def class_needs(cg: CompactGraph) -> list[int | None]:
     """Per class, the bitset of classes every acyclic term of it contains (None: no term)."""
     comps, _, _ = cg.components()
     parents: list[list[int]] = [[] for _ in range(cg.n_classes)]
@@ -79,7 +79,7 @@ def _needs(cg: CompactGraph) -> list[int | None]:
     return need
 
 
-def _need_pairs(cg: CompactGraph, need: list[int | None]) -> list[tuple[int, int]]:
+def need_pairs(cg: CompactGraph, need: list[int | None]) -> list[tuple[int, int]]:
     """(c, d) with d in need(c), d != c, not implied through another e in need(c) (Hasse pairs).
 
     ``need`` is a strict partial order on classes with acyclic terms (d in
@@ -92,13 +92,13 @@ def _need_pairs(cg: CompactGraph, need: list[int | None]) -> list[tuple[int, int
             continue
         v &= ~(1 << c)
         cover = 0
-        for d in _bits(v):
+        for d in set_bits(v):
             cover |= need[d] & ~(1 << d)  # type: ignore[operator]
-        pairs.extend((c, d) for d in _bits(v & ~cover))
+        pairs.extend((c, d) for d in set_bits(v & ~cover))
     return pairs
 
 
-def _bits(mask: int):
+def set_bits(mask: int):
     """Indices of the set bits of ``mask``, lowest first."""
     while mask:
         low = mask & -mask
@@ -111,7 +111,7 @@ def _needs_avoiding(
 ) -> dict[int, int | None]:
     """``need`` on one component's classes for terms that do not use class ``banned``.
 
-    Same fixpoint as :func:`_needs`, restricted to ``members`` and to bits of
+    Same fixpoint as :func:`class_needs`, restricted to ``members`` and to bits of
     ``members``: a class of a lower component cannot reach ``banned`` and
     holds no class of this one, so it only matters whether it has a term.
     """
@@ -133,7 +133,7 @@ def _needs_avoiding(
     return local
 
 
-def _node_needs(cg: CompactGraph, need: list[int | None], parts=None) -> dict[int, int | None]:
+def node_needs(cg: CompactGraph, need: list[int | None], parts=None) -> dict[int, int | None]:
     """Per node with a child in its own cyclic component: the classes below it.
 
     ``below[n]`` is the set of classes of n's component that every acyclic

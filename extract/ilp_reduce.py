@@ -21,7 +21,7 @@ docs/ilp.md.
 from __future__ import annotations
 
 from optimus_eqsat.extract.egraph import CompactGraph, ENode, ExtractionGraph, compact
-from optimus_eqsat.extract.ilp_needs import _needs
+from optimus_eqsat.extract.ilp_needs import class_needs
 
 __all__ = ["reduce_for_ilp"]
 
@@ -47,7 +47,7 @@ def _dominated(cg: CompactGraph, keep: list[bool], max_nodes: int = 256) -> None
 def reduce_for_ilp(cg: CompactGraph, rounds: int = 3) -> CompactGraph:
     """Drop nodes no optimal acyclic program needs (see module doc); exact."""
     for _ in range(rounds):
-        need = _needs(cg)
+        need = class_needs(cg)
         keep = [True] * cg.n_nodes
         for n, chs in enumerate(cg.node_children):
             c = cg.node_class[n]

@@ -63,7 +63,7 @@ from optimus_eqsat.checkpoint_regions import checkpoint_calls, inline_checkpoint
 from optimus_eqsat.dropout_draws import keeps_rng_order, share_dropout_draws, shared_draw_groups
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
-from optimus_eqsat.fxvocab.meta import _META_KEYS, meta_value
+from optimus_eqsat.fxvocab.meta import META_KEYS, meta_value
 from optimus_eqsat.fxvocab.mutation import inplace_position, is_mutating, renormed_table, running_stats_written
 from optimus_eqsat.normalize import HANDLERS, MODULE_OPS
 
@@ -155,7 +155,7 @@ def _shape_dtype(node: torch.fx.Node) -> tuple[tuple, torch.dtype] | None:
 
 def _like(new: torch.fx.Node, source: torch.fx.Node) -> torch.fx.Node:
     """``new`` with ``source``'s tensor meta (same shape and dtype) and checkpointed region."""
-    for key in _META_KEYS:
+    for key in META_KEYS:
         if key in source.meta:
             new.meta[key] = source.meta[key]
     new.meta.update(region_tags(source))
@@ -357,7 +357,7 @@ def _decompose_training_batch_norm(
             batch_stats = tuple(
                 call("reshape", call("detach", stat, method=True), channels, method=True) for stat in (mean, var)
             )
-    for key in _META_KEYS:  # the norm's own meta is the result's
+    for key in META_KEYS:  # the norm's own meta is the result's
         if key in node.meta:
             y.meta[key] = node.meta[key]
     node.replace_all_uses_with(y)

@@ -357,7 +357,7 @@ _ARITH_TARGETS = {
     "maximum": torch.maximum,
     "minimum": torch.minimum,
 }
-_SCALAR_TARGETS = {**_ARITH_TARGETS, "rsub": torch.rsub}
+SCALAR_TARGETS = {**_ARITH_TARGETS, "rsub": torch.rsub}
 
 
 def _is_number(v: Any) -> bool:
@@ -387,7 +387,7 @@ def h_arith(name: str) -> Handler:
         if not (isinstance(x, torch.fx.Node) and _is_number(y)) or not ctx.same_dtype_as_input(x):
             return ctx.generic(POINTWISE, elementwise=True)
         # Same spec as the Binary op of that name (rebuild reads only its target for scalars)
-        key = ctx.named(op, _SCALAR_TARGETS.get(op, op), 2, POINTWISE)
+        key = ctx.named(op, SCALAR_TARGETS.get(op, op), 2, POINTWISE)
         return Scalar(key, ctx.ref(x), float(y))
 
     return handler

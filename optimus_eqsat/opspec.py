@@ -54,7 +54,7 @@ class OpSpec:
         return len(_slots(self.args) | _slots(dict(self.kwargs)))
 
     def emit(self, graph: torch.fx.Graph, operands: list[torch.fx.Node], name: str | None = None) -> torch.fx.Node:
-        fill = lambda v: _fill(v, operands)  # noqa: E731
+        fill = lambda v: fill_slots(v, operands)  # noqa: E731
         return graph.create_node(self.op, self.target, fill(self.args), fill(dict(self.kwargs)), name=name)
 
 
@@ -68,15 +68,15 @@ def _slots(value: Any) -> set[int]:
     return set()
 
 
-def _fill(value: Any, operands: list[torch.fx.Node]) -> Any:
+def fill_slots(value: Any, operands: list[torch.fx.Node]) -> Any:
     if isinstance(value, Slot):
         return operands[value.index]
     if isinstance(value, tuple):
-        return tuple(_fill(v, operands) for v in value)
+        return tuple(fill_slots(v, operands) for v in value)
     if isinstance(value, list):
-        return [_fill(v, operands) for v in value]
+        return [fill_slots(v, operands) for v in value]
     if isinstance(value, dict):
-        return {k: _fill(v, operands) for k, v in value.items()}
+        return {k: fill_slots(v, operands) for k, v in value.items()}
     return value
 
 

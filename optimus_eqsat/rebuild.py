@@ -47,7 +47,7 @@ class RebuildError(RuntimeError):
     """The chosen program cannot be written as an FX graph (for example, a cycle)."""
 
 
-def _scalar(c: float) -> int | float:
+def python_scalar(c: float) -> int | float:
     """The Python scalar to write: whole numbers as ints (integral tensors keep their
     dtype; float tensors compute the same), unless too large for int64."""
     return int(c) if float(c).is_integer() and abs(c) < 2**62 else c
@@ -340,7 +340,7 @@ class Rebuilder:
         return self.sizes.expand_sizes(args[1], self.eg.shapes.get(args[0].index))
 
     def _emit_scalar(self, key: str, x: ClassRef, c: float) -> torch.fx.Node:
-        value = _scalar(c)
+        value = python_scalar(c)
         reversed_ops = {"rdiv": operator.truediv, "rpow": operator.pow}
         if key in reversed_ops:
             return self._call(reversed_ops[key], (value, self.of_class[x.index]))

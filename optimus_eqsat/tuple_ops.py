@@ -24,7 +24,7 @@ from typing import Any
 import torch.fx
 
 from optimus_eqsat.fxvocab import OP_KINDS, canonical_name
-from optimus_eqsat.opspec import OpSpec, _fill
+from optimus_eqsat.opspec import OpSpec, fill_slots
 from optimus_eqsat.term import Op1, Op2, Op3, Term
 
 __all__ = ["TUPLE_OPS", "TupleItemSpec", "h_tuple_op", "tuple_item_specs"]
@@ -47,7 +47,7 @@ class TupleItemSpec(OpSpec):
         key = (self.op, self.target, self.args, self.kwargs, tuple(operands))
         whole = producers.get(key)
         if whole is None or whole.graph is not graph or whole._erased:
-            args, kwargs = _fill(self.args, operands), _fill(dict(self.kwargs), operands)
+            args, kwargs = fill_slots(self.args, operands), fill_slots(dict(self.kwargs), operands)
             whole = producers[key] = graph.create_node(self.op, self.target, args, kwargs)
         return graph.call_function(operator.getitem, (whole, self.item), name=name)
 

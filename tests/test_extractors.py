@@ -421,13 +421,13 @@ def _shared_expensive_child() -> ExtractionGraph:
 
 
 def test_need_pairs_are_the_hasse_diagram_of_need() -> None:
-    from optimus_eqsat.extract.ilp_needs import _need_pairs, _needs
+    from optimus_eqsat.extract.ilp_needs import class_needs, need_pairs
 
     g = _shared_expensive_child()
     cg = compact(g)
-    need = _needs(cg)
+    need = class_needs(cg)
     orig = cg.class_orig
-    pairs = {(orig[c], orig[d]) for c, d in _need_pairs(cg, need)}
+    pairs = {(orig[c], orig[d]) for c, d in need_pairs(cg, need)}
     # R needs E (through either P or Q); P and Q need E; T needs nothing but
     # itself (t2 avoids R). (R, E) is not implied by a class in between.
     assert pairs == {(1, 4), (2, 4), (3, 4)}
@@ -437,14 +437,14 @@ def test_need_rows_tighten_the_lp_relaxation() -> None:
     import numpy as np
     from scipy.optimize import milp
 
-    from optimus_eqsat.extract.ilp_model import _build
+    from optimus_eqsat.extract.ilp_model import build_model
     from optimus_eqsat.extract.ilp_reduce import reduce_for_ilp
 
     g = _shared_expensive_child()
     cg = reduce_for_ilp(compact(g))
     values = {}
     for rows in (False, True):
-        objective, integrality, bounds, constraints, _ = _build(cg, need_rows=rows)
+        objective, integrality, bounds, constraints, _ = build_model(cg, need_rows=rows)
         lp = milp(objective, integrality=np.zeros_like(integrality), bounds=bounds, constraints=constraints)
         values[rows] = lp.fun
     # The optimum is 10 (T -> R -> P -> E). With y_R <= y_E the LP relaxation
@@ -456,13 +456,13 @@ def test_need_rows_tighten_the_lp_relaxation() -> None:
 
 
 def test_root_needs_are_fixed() -> None:
-    from optimus_eqsat.extract.ilp_model import _build
+    from optimus_eqsat.extract.ilp_model import build_model
 
     # Root R = {a(P), b(Q)}, both need E: y_E has lower bound 1.
     g = _shared_expensive_child()
     g = ExtractionGraph(g.classes, [1])
     cg = compact(g)
-    _, _, bounds, _, n_x = _build(cg)
+    _, _, bounds, _, n_x = build_model(cg)
     e = cg.class_orig.index(4)
     assert bounds.lb[n_x + e] == 1.0
     assert get_extractor("ilp").extract(g).cost == 10.0
@@ -486,7 +486,7 @@ def test_random_graphs_ilp_with_and_without_need_rows_agree() -> None:
 
 def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
     from optimus_eqsat.extract.ilp_model import _cycle_conflicts
-    from optimus_eqsat.extract.ilp_needs import _needs, _node_needs
+    from optimus_eqsat.extract.ilp_needs import class_needs, node_needs
 
     # X = {cat(L) 5, x 10}; L = {cons(A, B) 0, cons(C, B) 0}; A = {s0(X) 0, a 10};
     # B = {s1(X) 0, b 10}; C = {c 10}. Under cat, B is always there (both
@@ -503,7 +503,7 @@ def test_cycle_conflicts_cut_a_cat_of_its_own_slices() -> None:
         [X],
     )
     cg = compact(g)
-    conflicts = _cycle_conflicts(cg, _node_needs(cg, _needs(cg)))
+    conflicts = _cycle_conflicts(cg, node_needs(cg, class_needs(cg)))
     label = {n: g.classes[cg.class_orig[cg.node_class[n]]][cg.node_local[n]].op for n in range(cg.n_nodes)}
     named = {tuple(sorted(label[n] for n in t)) for t in conflicts}
     assert ("cat", "s1") in named and ("cat", "cons", "s0") in named

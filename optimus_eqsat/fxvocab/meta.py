@@ -28,7 +28,7 @@ log = logging.getLogger("optimus_eqsat")
 # meta key under which optimus_eqsat's rebuild leaves a TensorInfo known from the
 # e-graph's shape analysis: cheap shapes for candidate programs, no fake tensors.
 SHAPE_META = "optimus_eqsat_shape"
-_META_KEYS = ("val", "example_value", "tensor_meta")
+META_KEYS = ("val", "example_value", "tensor_meta")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def meta_value(node: torch.fx.Node) -> Any:
     """What node meta says ``node`` holds: the first of ``meta["val"]``,
     ``["example_value"]``, ``["tensor_meta"]`` that is set; None if none is."""
     meta = node.meta
-    for key in _META_KEYS:
+    for key in META_KEYS:
         value = meta.get(key)
         if value is not None:
             return value

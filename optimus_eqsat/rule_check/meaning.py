@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from optimus_eqsat.normalize import _SCALAR_TARGETS  # the translator's fixed scalar/binary keys and their targets
-from optimus_eqsat.rebuild import _scalar  # how the rebuilder writes a Scalar's constant (whole numbers as ints)
+from optimus_eqsat.normalize import SCALAR_TARGETS  # the translator's fixed scalar/binary keys and their targets
+from optimus_eqsat.rebuild import python_scalar  # how the rebuilder writes a Scalar's constant (whole numbers as ints)
 from optimus_eqsat.term import CTORS
 
 
@@ -106,14 +106,14 @@ def _scalar_fn(key: str) -> Callable:
         return lambda x, c: operator.truediv(c, x)
     if key == "rpow":
         return lambda x, c: operator.pow(c, x)
-    target = _SCALAR_TARGETS[key]
+    target = SCALAR_TARGETS[key]
     return lambda x, c: target(x, c)
 
 
 NAMED_OPS: dict[str, dict[str, OpMeaning]] = {
     "Unary": {"neg": OpMeaning("neg", torch.neg)},
-    "Binary": {k: OpMeaning(k, t) for k, t in _SCALAR_TARGETS.items() if callable(t)},
-    "Scalar": {k: OpMeaning(k, _scalar_fn(k)) for k in [*_SCALAR_TARGETS, "rdiv", "rpow"]},
+    "Binary": {k: OpMeaning(k, t) for k, t in SCALAR_TARGETS.items() if callable(t)},
+    "Scalar": {k: OpMeaning(k, _scalar_fn(k)) for k in [*SCALAR_TARGETS, "rdiv", "rpow"]},
     "Op1": {},
     "Op2": {
         "matmul": OpMeaning("matmul", torch.matmul, True, _matmul_operand),
@@ -179,7 +179,7 @@ def apply_op(meaning: OpMeaning, operands: list[TV], const: float | None = None,
 
     On the matched side (``matched``) a float result that over- or underflows its dtype
     where float64 does not raises OutOfRange: the sample is outside what float rewrites promise."""
-    extra = () if const is None else (_scalar(const),)
+    extra = () if const is None else (python_scalar(const),)
     values = [tv.value for tv in operands]
     try:
         with warnings.catch_warnings():

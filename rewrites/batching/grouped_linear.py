@@ -37,7 +37,7 @@ from optimus_eqsat.opspec import GROUPED_MATMUL, GROUPED_MEMBER, PACK, OpSpec, S
 from optimus_eqsat.rewrites.batching.builder import BatchBuilder
 from optimus_eqsat.rewrites.batching.candidates import Candidate
 from optimus_eqsat.rewrites.batching.kinds import BatchContext, BatchKind, register
-from optimus_eqsat.rewrites.batching.linear import _is_linear
+from optimus_eqsat.rewrites.batching.linear import is_2d_linear
 from optimus_eqsat.term import Id, Op1, Op2, Op3, Union
 from optimus_eqsat.translate import Translation
 
@@ -91,7 +91,7 @@ class GroupedLinear(BatchKind):
     name = "group_linear"
 
     def key(self, t: Translation, c: Candidate) -> tuple | None:
-        if not _is_linear(t, c):
+        if not is_2d_linear(t, c):
             return None
         dtype = t.dtypes.get(c.node)
         if dtype is None or not all(t.dtypes.get(o) == dtype for o in c.operands):

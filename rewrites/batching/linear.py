@@ -23,7 +23,7 @@ from optimus_eqsat.translate import Translation
 LINEAR_KEYS = ("linear", "linear_b")
 
 
-def _is_linear(t: Translation, c: Candidate) -> bool:
+def is_2d_linear(t: Translation, c: Candidate) -> bool:
     """A linear (with or without bias) of a 2-D weight, all shapes known."""
     return c.key in LINEAR_KEYS and shapes_known(t, c) and len(t.shapes[c.operands[1]]) == 2
 
@@ -49,7 +49,7 @@ class Linear(BatchKind):
     name = "linear"
 
     def key(self, t: Translation, c: Candidate) -> tuple | None:
-        if not _is_linear(t, c):
+        if not is_2d_linear(t, c):
             return None
         return ("linear", c.key, tuple(t.shapes[o] for o in c.operands), t.dtypes.get(c.node))
 
@@ -69,7 +69,7 @@ class LinearLhs(BatchKind):
     name = "linear_lhs"
 
     def key(self, t: Translation, c: Candidate) -> tuple | None:
-        if not _is_linear(t, c):
+        if not is_2d_linear(t, c):
             return None
         return ("linear_lhs", c.key, c.operands[0], t.dtypes.get(c.node))
 
@@ -110,7 +110,7 @@ class LinearPadK(BatchKind):
     name = "linear_padk"
 
     def key(self, t: Translation, c: Candidate) -> tuple | None:
-        if not _is_linear(t, c):
+        if not is_2d_linear(t, c):
             return None
         x_shape, (n_out, _) = t.shapes[c.operands[0]], t.shapes[c.operands[1]]
         return ("linear_padk", c.key, x_shape[:-1], n_out, t.dtypes.get(c.node))
