@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -96,16 +97,21 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       follow every write to them (:mod:`optimus_eqsat.parameter_cache`; the optimizer prices
       it so). ``report.parameter_packs`` counts those stacks.
     """
-    use_inductor = options.pop("inductor", True)
-    inductor_config = _inductor_config(options.pop("inductor_config", None) or {})
-    measure = options.pop("measure", True)
-    budget_s = options.pop("measure_budget_s", 1.0)
-    memory_slack = _memory_slack(options.pop("memory_slack", MEMORY_SLACK))
-    pre_grad = options.pop("pre_grad", True)
-    post_grad = options.pop("post_grad", True)
-    recompute_masks = options.pop("recompute_masks", True)
-    whole_ddp_graph = options.pop("whole_ddp_graph", True)
-    options.setdefault("cached_parameters", options.pop("cache_parameters", True))
+    own, options = BackendOptions.split(options)
+    use_inductor, inductor_config, measure, budget_s = (
+        own.inductor,
+        own.inductor_config,
+        own.measure,
+        own.measure_budget_s,
+    )
+    memory_slack, pre_grad, post_grad, recompute_masks = (
+        own.memory_slack,
+        own.pre_grad,
+        own.post_grad,
+        own.recompute_masks,
+    )
+    whole_ddp_graph = own.whole_ddp_graph
+    options.setdefault("cached_parameters", own.cache_parameters)
     scaled_budget = "time_limit_s" not in options  # the default budget grows with each graph
     options.setdefault("raise_on_error", False)  # never crash inside a user's compile
     # A predicted gain under 1% is within the model's error and below the measured choice's
@@ -667,19 +673,34 @@ def backend_options(mode: str | None = None, options: dict[str, Any] | None = No
     return result
 
 
-# make_backend's own options (besides optimize_graph's).
-BACKEND_OPTIONS = (
-    "inductor",
-    "inductor_config",
-    "measure",
-    "measure_budget_s",
-    "memory_slack",
-    "pre_grad",
-    "post_grad",
-    "recompute_masks",
-    "cache_parameters",
-    "whole_ddp_graph",
-)
+@dataclass(frozen=True)
+class BackendOptions:
+    """:func:`make_backend`'s own options (besides :func:`optimize_graph`'s), checked when
+    made; :func:`make_backend`'s docstring says what each does."""
+
+    inductor: bool = True
+    inductor_config: Mapping[str, Any] = field(default_factory=dict)
+    measure: bool = True
+    measure_budget_s: float = 1.0
+    memory_slack: tuple[float, int] = MEMORY_SLACK
+    pre_grad: bool = True
+    post_grad: bool = True
+    recompute_masks: bool = True
+    cache_parameters: bool = True
+    whole_ddp_graph: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inductor_config", _inductor_config(dict(self.inductor_config or {})))
+        object.__setattr__(self, "memory_slack", _memory_slack(self.memory_slack))
+
+    @classmethod
+    def split(cls, options: dict[str, Any]) -> tuple[BackendOptions, dict[str, Any]]:
+        """The backend's options among ``options``, and the rest (:func:`optimize_graph`'s)."""
+        own = {f.name: options[f.name] for f in fields(cls) if f.name in options}
+        return cls(**own), {k: v for k, v in options.items() if k not in own}
+
+
+BACKEND_OPTIONS = tuple(f.name for f in fields(BackendOptions))
 
 _MADE: dict[str, Callable] = {}  # backends for torch.compile's (mode, options), by their repr
 
