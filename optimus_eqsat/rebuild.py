@@ -149,11 +149,14 @@ class Rebuilder:
         draws its numbers in the memory order of its input (``empty_like`` keeps the order
         of the strides), and an emitted value may be laid out otherwise (a cat of a permute's
         splits is the permute; a permuted view may come back computed contiguously). The
-        original graph's own inputs are passed as they are; a value of unknown layout (no
-        value in the translation's run) is made contiguous."""
+        original graph's own inputs are passed as they are, and so is a value meta says is
+        no tensor (a dropout's probability under dynamic shapes is a SymFloat); a value of
+        unknown layout (no value in the translation's run) is made contiguous."""
         new = self._original_arg(a)
         i = self.t.index[a]
         if new is self.of_original.get(i) and self.t.nodes[i].op == "placeholder":
+            return new
+        if node_tensor_infos(a) == []:
             return new
         order = self.t.memory_orders.get(i)
         if order is None or order == list(range(len(order))):

@@ -238,6 +238,38 @@ def test_dropout_under_fallback_random_is_eagers_stream():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+class GatedExperts(nn.Module):
+    """One layer of (Linear -> BatchNorm1d -> ReLU -> Dropout) experts mixed by a softmax gate."""
+
+    def __init__(self, n: int = 3, width: int = 12):
+        super().__init__()
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(0.25)) for _ in range(n)
+        )
+        self.gate = nn.Linear(8, n)
+
+    def forward(self, x):
+        mixed = torch.stack([e(x) for e in self.experts], 1)
+        return torch.bmm(torch.softmax(self.gate(x), -1).unsqueeze(1), mixed).squeeze(1)
+
+
+def test_dropout_under_fallback_random_and_dynamic_shapes_keeps_its_symbolic_p():
+    """Under ``dynamic=True`` Dynamo passes a dropout's p as a SymFloat: the dropout copied in
+    eager's order gets it as it is (it was made contiguous, which fails on a float)."""
+    torch.manual_seed(0)
+    model = GatedExperts().train()
+    ours = copy.deepcopy(model)
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = torch.compile(ours, backend=_backend(), dynamic=True)
+        for batch in (16, 9):
+            x = torch.randn(batch, 8)
+            torch.manual_seed(batch)
+            want = model(x)
+            torch.manual_seed(batch)
+            got = compiled(x)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 # ---------------------------------------------------------------- checkpointed regions
 
 
