@@ -24,6 +24,24 @@ from optimus_eqsat.fxvocab import (
     RESHAPE_OPS,
     canonical_name,  # noqa: F401  (re-exported: the translator's op names)
 )
+from optimus_eqsat.op_keys import (
+    ADD,
+    BINARY_KEYS,
+    DIV,
+    LINEAR,
+    LINEAR_B,
+    MATMUL_KEY,
+    MAXIMUM,
+    MINIMUM,
+    MUL,
+    NEG,
+    OP_KEYS,
+    POW,
+    RDIV,
+    RPOW,
+    RSUB,
+    SUB,
+)
 from optimus_eqsat.opspec import GATHER, MATMUL, POINTWISE
 from optimus_eqsat.term import Binary, Cat, Expand, Id, ListTerm, Op2, Op3, Permute, Reshape, Scalar, Slice, Term, Unary
 from optimus_eqsat.tuple_ops import TUPLE_OPS, h_tuple_op
@@ -345,19 +363,14 @@ def h_dropout(ctx: Context, a: dict[str, Any]) -> Term:
 
 # ---------------------------------------------------------------- arithmetic
 
-_ARITH = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"}
-_REVERSED = {"radd": "add", "rmul": "mul", "rsub": "rsub", "rdiv": "rdiv", "rpow": "rpow"}
-_COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
-_ARITH_TARGETS = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "div": torch.div,
-    "pow": torch.pow,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-}
-SCALAR_TARGETS = {**_ARITH_TARGETS, "rsub": torch.rsub}
+_ARITH = set(BINARY_KEYS)  # (their FX names are their keys)
+_REVERSED = {"radd": ADD, "rmul": MUL, "rsub": RSUB, "rdiv": RDIV, "rpow": RPOW}  # FX name -> key
+_COMMUTATIVE = {ADD, MUL, MAXIMUM, MINIMUM}
+
+
+def _named(ctx: Context, key: str) -> str:
+    """The fixed op key ``key`` (:mod:`optimus_eqsat.op_keys`), registered for the rebuilder."""
+    return ctx.named(key, *OP_KEYS[key].spec())
 
 
 def _is_number(v: Any) -> bool:
@@ -374,20 +387,19 @@ def h_arith(name: str) -> Handler:
         op = name
         if op in _REVERSED:
             x, y, op = y, x, _REVERSED[op]
-            op = "add" if op == "add" else op
         if isinstance(x, torch.fx.Node) and isinstance(y, torch.fx.Node):
-            if op not in _ARITH_TARGETS:
+            if op not in BINARY_KEYS:
                 raise Unsupported(op)
-            key = ctx.named(op, _ARITH_TARGETS[op], 2, POINTWISE)
+            key = _named(ctx, op)
             return Binary(key, ctx.ref(x), ctx.ref(y))
         if _is_number(x) and isinstance(y, torch.fx.Node) and op in _COMMUTATIVE:
             x, y = y, x
         elif _is_number(x) and isinstance(y, torch.fx.Node):
-            op, x, y = {"sub": "rsub", "div": "rdiv", "pow": "rpow"}[op], y, x
+            op, x, y = {SUB: RSUB, DIV: RDIV, POW: RPOW}[op], y, x
         if not (isinstance(x, torch.fx.Node) and _is_number(y)) or not ctx.same_dtype_as_input(x):
             return ctx.generic(POINTWISE, elementwise=True)
         # Same spec as the Binary op of that name (rebuild reads only its target for scalars)
-        key = ctx.named(op, SCALAR_TARGETS.get(op, op), 2, POINTWISE)
+        key = _named(ctx, op)
         return Scalar(key, ctx.ref(x), float(y))
 
     return handler
@@ -517,20 +529,20 @@ def h_neg(ctx: Context, a: dict[str, Any]) -> Term:
     node = ctx.node
     if len(node.args) != 1 or node.kwargs or not isinstance(node.args[0], torch.fx.Node):
         return ctx.generic(POINTWISE, elementwise=True)
-    return Unary(ctx.named("neg", torch.neg, 1, POINTWISE), ctx.ref(node.args[0]))
+    return Unary(_named(ctx, NEG), ctx.ref(node.args[0]))
 
 
 def h_matmul(ctx: Context, a: dict[str, Any]) -> Term:
-    key = ctx.named("matmul", torch.matmul, 2, MATMUL)
+    key = _named(ctx, MATMUL_KEY)
     return Op2(key, ctx.ref(a["input"]), ctx.ref(a["other"]))
 
 
 def h_linear(ctx: Context, a: dict[str, Any]) -> Term:
     x, w, b = ctx.ref(a["input"]), ctx.ref(a["weight"]), a.get("bias")
     if b is None:
-        key = ctx.named("linear", F.linear, 2, MATMUL)
+        key = _named(ctx, LINEAR)
         return Op2(key, x, w)
-    key = ctx.named("linear_b", F.linear, 3, MATMUL)
+    key = _named(ctx, LINEAR_B)
     return Op3(key, x, w, ctx.ref(b))
 
 
@@ -562,7 +574,7 @@ def h_mm(ctx: Context, a: dict[str, Any]) -> Term:
     input gradient), so the linear batch kinds see it; any other mm is a matmul."""
     w = _transpose_of(a["mat2"])
     if w is not None and _rank(ctx, w) == 2:
-        return Op2(ctx.named("linear", F.linear, 2, MATMUL), ctx.ref(a["input"]), ctx.ref(w))
+        return Op2(_named(ctx, LINEAR), ctx.ref(a["input"]), ctx.ref(w))
     return h_matmul(ctx, {"input": a["input"], "other": a["mat2"]})
 
 
@@ -573,9 +585,9 @@ def h_addmm(ctx: Context, a: dict[str, Any]) -> Term:
         return ctx.generic(MATMUL)
     v = _transpose_of(a["mat2"])
     if v is not None and _rank(ctx, v) == 2 and _rank(ctx, a["input"]) == 1:
-        return Op3(ctx.named("linear_b", F.linear, 3, MATMUL), ctx.ref(a["mat1"]), ctx.ref(v), ctx.ref(a["input"]))
-    mm = ctx.named("matmul", torch.matmul, 2, MATMUL)
-    add = ctx.named("add", torch.add, 2, POINTWISE)
+        return Op3(_named(ctx, LINEAR_B), ctx.ref(a["mat1"]), ctx.ref(v), ctx.ref(a["input"]))
+    mm = _named(ctx, MATMUL_KEY)
+    add = _named(ctx, ADD)
     return Binary(add, Op2(mm, ctx.ref(a["mat1"]), ctx.ref(a["mat2"])), ctx.ref(a["input"]))
 
 

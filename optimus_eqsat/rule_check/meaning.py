@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from optimus_eqsat.normalize import SCALAR_TARGETS  # the translator's fixed scalar/binary keys and their targets
+from optimus_eqsat.op_keys import BINARY_KEYS, LINEAR, LINEAR_B, MATMUL_KEY, NEG, OP_KEYS, RDIV, RPOW, RSUB, SCALAR_KEYS
 from optimus_eqsat.rebuild import python_scalar  # how the rebuilder writes a Scalar's constant (whole numbers as ints)
 from optimus_eqsat.term import CTORS
 
@@ -102,24 +102,24 @@ def _linear_operand(i: int, prev: list[tuple], size: Callable[[], int], rng) -> 
 
 
 def _scalar_fn(key: str) -> Callable:
-    if key == "rdiv":  # the rebuilder writes c / x, c ** x for these (rebuild._emit_scalar)
+    if key == RDIV:  # the rebuilder writes c / x, c ** x for these (rebuild._emit_scalar)
         return lambda x, c: operator.truediv(c, x)
-    if key == "rpow":
+    if key == RPOW:
         return lambda x, c: operator.pow(c, x)
-    target = SCALAR_TARGETS[key]
+    target = OP_KEYS[key].target
     return lambda x, c: target(x, c)
 
 
 NAMED_OPS: dict[str, dict[str, OpMeaning]] = {
-    "Unary": {"neg": OpMeaning("neg", torch.neg)},
-    "Binary": {k: OpMeaning(k, t) for k, t in SCALAR_TARGETS.items() if callable(t)},
-    "Scalar": {k: OpMeaning(k, _scalar_fn(k)) for k in [*SCALAR_TARGETS, "rdiv", "rpow"]},
+    "Unary": {NEG: OpMeaning(NEG, torch.neg)},
+    "Binary": {k: OpMeaning(k, OP_KEYS[k].target) for k in (*BINARY_KEYS, RSUB)},
+    "Scalar": {k: OpMeaning(k, _scalar_fn(k)) for k in SCALAR_KEYS},
     "Op1": {},
     "Op2": {
-        "matmul": OpMeaning("matmul", torch.matmul, True, _matmul_operand),
-        "linear": OpMeaning("linear", F.linear, True, _linear_operand),
+        MATMUL_KEY: OpMeaning(MATMUL_KEY, torch.matmul, True, _matmul_operand),
+        LINEAR: OpMeaning(LINEAR, F.linear, True, _linear_operand),
     },
-    "Op3": {"linear_b": OpMeaning("linear_b", F.linear, True, _linear_operand)},
+    "Op3": {LINEAR_B: OpMeaning(LINEAR_B, F.linear, True, _linear_operand)},
 }
 NAMED_OPS["MapUnary"] = NAMED_OPS["Unary"]
 

@@ -33,6 +33,7 @@ import torch.fx
 
 from optimus_eqsat.kernels.batched_ops import gl_cons, gl_item, gl_list, grouped_linear_packed
 from optimus_eqsat.kernels.grouped_linear import grouped_linear
+from optimus_eqsat.op_keys import LINEAR_B
 from optimus_eqsat.opspec import GROUPED_MATMUL, GROUPED_MEMBER, PACK, OpSpec, Slot
 from optimus_eqsat.rewrites.batching.builder import BatchBuilder
 from optimus_eqsat.rewrites.batching.candidates import Candidate
@@ -115,7 +116,7 @@ class GroupedLinear(BatchKind):
         chain: Id | None = None
         for c in group:
             ids = [Id(o) for o in c.operands]
-            packed = b.new(Op3(item_b, *ids) if c.key == "linear_b" else Op2(item, *ids))
+            packed = b.new(Op3(item_b, *ids) if c.key == LINEAR_B else Op2(item, *ids))
             chain = b.new(Op1(first, packed) if chain is None else Op2(cons, chain, packed))
         y = b.new(Op1(call, chain))
         b.record(y, [c.node for c in group])

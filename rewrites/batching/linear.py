@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import torch
 
+from optimus_eqsat.op_keys import LINEAR_B, LINEAR_KEYS
 from optimus_eqsat.opspec import MATMUL, POINTWISE, OpSpec, Slot
 from optimus_eqsat.rewrites.batching.builder import BatchBuilder
 from optimus_eqsat.rewrites.batching.candidates import Candidate, shapes_known
@@ -19,8 +20,6 @@ from optimus_eqsat.rewrites.batching.kinds import BatchKind, register
 from optimus_eqsat.rewrites.batching.views import zero_padded
 from optimus_eqsat.term import Binary, Cat, Id, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
 from optimus_eqsat.translate import Translation
-
-LINEAR_KEYS = ("linear", "linear_b")
 
 
 def is_2d_linear(t: Translation, c: Candidate) -> bool:
@@ -35,7 +34,7 @@ def stacked_linear(b: BatchBuilder, group: list[Candidate], stacked_x: Id, stack
     n, m, n_out = len(group), t.symbols.product(t.shapes[c0.operands[0]][:-1]), t.shapes[c0.operands[1]][0]
     mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
     y = b.new(Op2(mm, stacked_x, Permute(stacked_w, (0, 2, 1))), (n, m, n_out))
-    if c0.key == "linear_b":
+    if c0.key == LINEAR_B:
         stacked_b, _ = b.stack([c.operands[2] for c in group], 2)  # [n, 1, N]
         add = t.registry.add_named("add", OpSpec("call_function", torch.add, (Slot(0), Slot(1)), (), POINTWISE))
         y = b.new(Binary(add, y, stacked_b), (n, m, n_out))
@@ -80,7 +79,7 @@ class LinearLhs(BatchKind):
         weights: list[Term] = [Id(c.operands[1]) for c in group]
         w = b.new(Cat(cons_list(weights, 0, b.facts.append, t.new_list_id, widths)))
         out_shape = t.shapes[x][:-1] + (sum(widths),)
-        if c0.key == "linear_b":
+        if c0.key == LINEAR_B:
             biases: list[Term] = [Id(c.operands[2]) for c in group]
             bias = b.new(Cat(cons_list(biases, 0, b.facts.append, t.new_list_id, widths)))
             y = b.new(Op3(c0.key, Id(x), w, bias), out_shape)
