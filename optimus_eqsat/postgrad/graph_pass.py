@@ -150,13 +150,11 @@ class PostGradPass(CustomGraphPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         role = graph_role(graph)
-        if role not in self.roles:
-            self._report(
-                role,
-                OptimizeReport(
-                    fell_back=True, fallback_reason=f"post-grad: the {role} graph is not among those to optimize; kept"
-                ),
+        if role not in self.roles:  # by design (the pre-grad pass rewrote the forward): no news to log
+            skipped = OptimizeReport(
+                fell_back=True, fallback_reason=f"post-grad: the {role} graph is not among those to optimize; kept"
             )
+            self._report(role, skipped, level=logging.DEBUG)
             return
         options = self.options
         if role == "backward" and self._forward_cost_s and "rest_of_step_s" not in options:
@@ -179,10 +177,10 @@ class PostGradPass(CustomGraphPass):
             self._forward_cost_s = report.cost_before or 0.0
         self._report(role, report)
 
-    def _report(self, role: str, report: OptimizeReport) -> None:
+    def _report(self, role: str, report: OptimizeReport, level: int = logging.INFO) -> None:
         for sink in self.sinks:
             sink.append((role, report))
-        log.info("optimus_eqsat post-grad (%s):\n%s", role, report.summary())
+        log.log(level, "optimus_eqsat post-grad (%s):\n%s", role, report.summary())
 
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
