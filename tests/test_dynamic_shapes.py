@@ -21,10 +21,9 @@ from torch.fx.experimental.symbolic_shapes import free_symbols
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.backend import make_backend
 from optimus_eqsat.extract.fx_cost import predict_kernels
-from optimus_eqsat.fx_graphs import predict
 from optimus_eqsat.fxvocab.symbolic import SYMBOL_BASE, SymbolicSizes, is_symbolic
 from optimus_eqsat.kernels.batched_ops import shift_rows
-from optimus_eqsat.objective import Objective
+from optimus_eqsat.objective import Objective, predict
 from tests.helpers import assert_same_numerics
 from tests.models import SplitTowers
 
