@@ -392,8 +392,8 @@ def _compile(
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again
-        # Inductor's own passes can trip on shapes they do not expect (seen: its
-        # attention-fusion pattern on a folded q/k/v permute). Never fail the user's
+        # Inductor's own passes can trip on shapes they do not expect (its attention-fusion
+        # pattern on a folded q/k/v permute, for one). Never fail the user's
         # compile for it: compile the graph Dynamo gave us instead.
         log.warning(
             "optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original", first_line(exc)

@@ -17,8 +17,8 @@ straight into the cat's buffer; each piece is then a buffer that only *aliases* 
 slice of that storage. Its in-place update decision (torch 2.13,
 ``Scheduler.decide_inplace_update``) counts the piece's own remaining readers but
 not the cat's, so a pointwise kernel that is the piece's last reader may write its
-result over the piece while the cat is still to be read (seen: a PLE backward whose
-batched gradient matmuls read a cat of ``g`` and ``g.T`` pieces; wrong gradients,
+result over the piece while the cat is still to be read (for example a backward whose
+batched gradient matmuls read a cat of ``g`` and ``g.T`` pieces: wrong gradients,
 no error). Batching makes many such cats, so every program we hand
 Inductor is compiled with :data:`INDUCTOR_PATCHES` (in-place kernel outputs off).
 Allocation reuse after a buffer dies stays on; the measured choice still compares

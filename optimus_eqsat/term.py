@@ -394,8 +394,8 @@ def cons_list(
     ``LId(k)`` by a fact passed to ``emit``, so no term nests deeply. With
     ``sizes`` (each item's extent along ``dim``) every named chunk also gets its
     ``ldim`` and ``lsize``: the shape rules derive those one cell per saturation
-    round from the list's end, and a round costs 10-20 ms on a 150,000-node
-    e-graph, so a 2,000-member list loaded after saturation took 17 s to settle;
+    round from the list's end, and a round costs tens of milliseconds on a large
+    e-graph, so a list of thousands of members would take seconds to settle;
     seeded, no walk is longer than one chunk. Sizes that are symbolic (codes < 0,
     fxvocab/symbolic.py) seed nothing: their sums would mean nothing.
     """

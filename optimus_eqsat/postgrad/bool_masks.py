@@ -4,10 +4,9 @@ AOTAutograd's partitioner saves for the backward whatever is smallest, and a ReL
 ``threshold_backward`` then keeps the mask ``relu_out <= 0`` as a bool tensor (one
 byte an element) next to ``relu_out`` itself, which the backward of the next matmul
 needs anyway. On the CPU that choice is slow: Inductor's C++ kernels store bool
-tensors through a vector-mask conversion that measured 9-20 ns an element here
-against about 0.15 ns for a float store (torch 2.13; a 12,288-element ``x <= 0``
-took 110 us, ``(x <= 0).float()`` 1.9 us), so the forward of mmoe training at batch
-2048 spent 4.4 ms of a 19 ms step writing masks. Reading a mask is cheap; writing it
+tensors through a vector-mask conversion that costs tens of times a float store
+(torch 2.13), so a training forward with many ReLUs can spend a fifth of its step
+writing masks. Reading a mask is cheap; writing it
 is not.
 
 :class:`RecomputeMasks` is a joint-graph pass (Inductor's ``joint_custom_post_pass``,

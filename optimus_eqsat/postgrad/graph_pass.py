@@ -87,8 +87,8 @@ def optimize_aten_graph(
         return report
     if require_fewer_launches and report.launches_after >= report.launches_before:
         # Inductor's scheduler fuses an aten graph on its own: a program predicted to launch as
-        # many kernels only reshuffles it, at the risk of a fusion the model does not see (seen:
-        # batched bias sums of mmoe's pre-grad-batched backward, two more CPU kernels).
+        # many kernels only reshuffles it, at the risk of a fusion the model does not see (batched
+        # bias sums of a pre-grad-batched backward can cost two more CPU kernels).
         report.fall_back(
             f"post-grad: no fewer launches predicted ({report.launches_before} -> "
             f"{report.launches_after}); kept the graph"
