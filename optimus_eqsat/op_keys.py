@@ -41,7 +41,7 @@ class KeyedOp:
         return self.target, self.n_operands, self.kind
 
 
-_ARITHMETIC = {ADD: torch.add, SUB: torch.sub, MUL: torch.mul, DIV: torch.div, POW: torch.pow}
+_ARITHMETIC: dict[str, Callable] = {ADD: torch.add, SUB: torch.sub, MUL: torch.mul, DIV: torch.div, POW: torch.pow}
 _ARITHMETIC |= {MAXIMUM: torch.maximum, MINIMUM: torch.minimum}
 
 OP_KEYS: dict[str, KeyedOp] = {

@@ -22,10 +22,11 @@ import enum
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 from typing import Union as _Union
 
 import torch
+from typing_extensions import dataclass_transform
 
 Shape = tuple[int, ...]
 
@@ -107,6 +108,7 @@ CTORS: dict[str, CtorInfo] = {}
 _SORT_OF = {"Term": "Tensor", "ListTerm": "TList", "int": "i64", "float": "f64", "str": "String", "Shape": "Shape"}
 
 
+@dataclass_transform(frozen_default=True)  # (type checkers see each constructor as the dataclass it is)
 def _ctor(role: Role, doc: str, datatype: bool = True, fx: Callable | None = None) -> Callable[[type], type]:
     """Register a dataclass as a constructor of the language (declaration order is egglog's)."""
 
@@ -116,7 +118,7 @@ def _ctor(role: Role, doc: str, datatype: bool = True, fx: Callable | None = Non
         names = tuple(f.name for f in fields(cls))
         sorts = tuple(_SORT_OF[_hint_name(hints[n])] for n in names)
         output = "TList" if issubclass(cls, ListTerm) else "Tensor"
-        cls.ctor = cls.__name__
+        cls.ctor = cls.__name__  # type: ignore[attr-defined]
         CTORS[cls.__name__] = CtorInfo(cls.__name__, cls, names, sorts, output, role, datatype, doc, fx)
         return cls
 
@@ -285,17 +287,17 @@ def ctor_of(name: str) -> CtorInfo | None:
 
 def render_shape(values: Iterable[int]) -> str:
     """A Shape literal: ``(vec-of 4 16)``, ``(vec-empty)``."""
-    values = [str(int(v)) for v in values]
-    return f"(vec-of {' '.join(values)})" if values else "(vec-empty)"
+    texts = [str(int(v)) for v in values]
+    return f"(vec-of {' '.join(texts)})" if texts else "(vec-empty)"
 
 
-def _atom(value: object, sort: str) -> str:
+def _atom(value: Any, sort: str) -> str:
     if sort == "String":
         return f'"{value}"'
     if sort == "f64":
         return repr(float(value))
     if sort == "Shape":
-        return render_shape(value)  # type: ignore[arg-type]
+        return render_shape(value)
     return str(int(value))  # type: ignore[call-overload]
 
 

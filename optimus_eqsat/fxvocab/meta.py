@@ -92,7 +92,8 @@ def memory_order(value: torch.Tensor) -> list[int]:
     strided slice) as it suggests (contiguous, mostly); largest stride first, ties (size-1
     dims) in dim order."""
     like = torch.empty_like(value, device="meta")  # what eager allocates, without the memory
-    return sorted(range(like.dim()), key=lambda d: -like.stride(d))
+    strides = like.stride()
+    return sorted(range(like.dim()), key=lambda d: -strides[d])
 
 
 def meta_value(node: torch.fx.Node) -> Any:
@@ -249,7 +250,7 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     Raises :class:`ExampleInputError` naming the node where the run failed: inputs that
     do not run through the graph are a caller's mistake, not a graph to optimize blind."""
     recorder = _Recorder(gm)
-    example_inputs = concrete_inputs(example_inputs)  # a SymInt input runs at its hint
+    example_inputs = concrete_inputs(example_inputs) or []  # a SymInt input runs at its hint
     before = input_versions(example_inputs)
     # a module's own buffers (a traced BatchNorm module's statistics) and the parameters the
     # graph writes (the table of an embedding with max_norm) are put back after

@@ -62,7 +62,7 @@ def running_stats_written(node: torch.fx.Node) -> list[torch.fx.Node]:
     args = {**dict(zip(names, node.args)), **node.kwargs}
     if not args.get(flag, default):
         return []
-    return [args[k] for k in ("running_mean", "running_var") if isinstance(args.get(k), torch.fx.Node)]
+    return [v for k in ("running_mean", "running_var") if isinstance(v := args.get(k), torch.fx.Node)]
 
 
 def written_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -81,9 +81,9 @@ def written_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.
             for k, a in enumerate(node.target._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
         ]
-        written = [w for w in written if isinstance(w, torch.fx.Node)]
-        if written:
-            return written
+        nodes = [w for w in written if isinstance(w, torch.fx.Node)]
+        if nodes:
+            return nodes
     first = node.args[0] if node.args else None
     if _foreach_inplace(node) and isinstance(first, (list, tuple)):
         return [t for t in first if isinstance(t, torch.fx.Node)]  # every tensor of its first list

@@ -46,7 +46,7 @@ def target_name(target: Any, *, qualified: bool = False) -> str:
 def op_label(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
     """What a call node does: its module's class name (call_module), else :func:`target_name`."""
     if node.op == "call_module":
-        return type(gm.get_submodule(node.target)).__name__
+        return type(gm.get_submodule(str(node.target))).__name__
     return target_name(node.target)
 
 
@@ -115,6 +115,7 @@ def canonical_name(node: torch.fx.Node) -> str | None:
     operator of ``_OPERATOR_NAMES``, or an aten overload.
     """
     target = node.target
+    name: str | None
     if node.op == "call_method":
         name = str(target)
     elif node.op == "call_function":

@@ -72,10 +72,15 @@ def size_hint(size: Any) -> int | None:
     if isinstance(size, int):
         return size
     if isinstance(size, torch.SymInt):
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
-
-        return int(optimization_hint(size, fallback=UNHINTED_SIZE))
+        return _symint_hint(size)
     return None
+
+
+def _symint_hint(size: torch.SymInt) -> int:
+    """A SymInt's example value, without a guard (:data:`UNHINTED_SIZE` when it has none)."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    return int(optimization_hint(size, fallback=UNHINTED_SIZE))
 
 
 def concrete_inputs(example_inputs: Sequence[Any] | None) -> list[Any] | None:
@@ -143,7 +148,7 @@ class SymbolicSizes:
             return int(expr)
         if self._pinned(expr):
             raise PinnedSize(f"the symbolic size {expr} is pinned to a constant by Dynamo's guards")
-        return self.code(expr, size_hint(size))
+        return self.code(expr, _symint_hint(size))
 
     def _pinned(self, expr: sympy.Expr) -> bool:
         """Whether Dynamo's guards pin ``expr`` to one value (``(s0 + 3)//4`` under
