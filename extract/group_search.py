@@ -59,7 +59,7 @@ def long_cat_moves(egraph: Any, choice: dict[int, int], lengths: dict[int, int],
     the chosen lists), each other cat node of its class (the same tensor from another
     list: a few views instead of many slices) as a move. Greedy passes value a list by
     its tree cost, which hides what a long list costs as a whole."""
-    moves = []
+    moves: list[GroupMove] = []
     for c, k in choice.items():
         node = egraph.classes[c][k]
         if node.ctor != "Cat" or lengths.get(node.children[0], 0) <= limit:
@@ -79,7 +79,7 @@ def path_to(egraph: Any, start: int, target: int | None, depth: int = 3) -> dict
         return None
     frontier: list[tuple[int, dict[int, int]]] = [(start, {})]
     for _ in range(depth):
-        following = []
+        following: list[tuple[int, dict[int, int]]] = []
         for c, picks in frontier:
             for k, node in enumerate(egraph.classes[c]):
                 if node.ctor in ("Id", "LId"):

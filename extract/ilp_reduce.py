@@ -51,7 +51,7 @@ def reduce_for_ilp(cg: CompactGraph, rounds: int = 3) -> CompactGraph:
         keep = [True] * cg.n_nodes
         for n, chs in enumerate(cg.node_children):
             c = cg.node_class[n]
-            if any(need[ch] is None or (need[ch] >> c) & 1 for ch in chs):
+            if any((needs := need[ch]) is None or (needs >> c) & 1 for ch in chs):
                 keep[n] = False
         _dominated(cg, keep)
         if all(keep):

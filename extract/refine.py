@@ -92,7 +92,7 @@ class BatchRefine:
         """``graph`` with the batched alternatives of ``kinds`` forbidden (their classes
         keep only views and cats). Shares every other class's nodes: re-pricing all of
         them took a second on the 2,000-feature graph."""
-        eg, banned = self.egraph, set()
+        eg, banned = self.egraph, set[int]()
         for kind in kinds:
             banned.update(eg.class_of_id[i] for i in self.batch_outputs.get(kind, ()) if i in eg.class_of_id)
         classes = list(graph.classes)
