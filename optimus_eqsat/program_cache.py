@@ -243,6 +243,7 @@ class _OpRef(_FunctionRef):
     overload: pickle cannot name one (a post-grad graph is made of them)."""
 
     def __init__(self, target: torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        self.parts: tuple[str, ...]
         if isinstance(target, torch._ops.OpOverload):
             self.parts = (target.namespace, target._opname, target._overloadname)
         else:
@@ -259,10 +260,10 @@ def _picklable_target(target: Any) -> Any:
     if _picklable(target):
         return target
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        ref = _OpRef(target)
-        if ref.resolve() is not target:
+        op = _OpRef(target)
+        if op.resolve() is not target:
             raise ValueError(f"target {target!r} cannot be named")
-        return ref
+        return op
     ref = _FunctionRef(target)
     if ref.resolve() is not target:
         raise ValueError(f"target {target!r} cannot be named")

@@ -60,6 +60,7 @@ def refine_run(
     ``launches``, ``seconds`` its prediction. Returns (``result``, or None when a
     variant won and is now ``run.extraction``; its launches; its seconds).
     """
+    assert run.batches is not None  # (the run refines only when it batched)
     limit_s = run.options.refine_time_limit_s
     budget = getattr(run, "budget", None)  # the run's time budget: refine gets its share of what is left
     policy = BatchRefine(run.egraph, run.batches.outputs, limit_s if budget is None else budget.share(limit_s))

@@ -176,12 +176,12 @@ class EGraphSession:
         """
         self.fx_nodes = fx_nodes
         start = time.perf_counter()
-        facts = [f.render() for f in facts]
-        for i in range(0, len(facts), FACT_BATCH):
+        rendered = [f.render() for f in facts]
+        for i in range(0, len(rendered), FACT_BATCH):
             # the clock is read every 50 batches (1,000 facts, a few ms): not per batch
             if deadline is not None and i % (50 * FACT_BATCH) == 0 and time.perf_counter() > deadline:
-                raise TimeLimitReached(f"time limit reached loading the graph ({i} of {len(facts)} facts)")
-            self._run("\n".join(facts[i : i + FACT_BATCH]))
+                raise TimeLimitReached(f"time limit reached loading the graph ({i} of {len(rendered)} facts)")
+            self._run("\n".join(rendered[i : i + FACT_BATCH]))
         self._run("(run-schedule (saturate (run aliases)))")
         return time.perf_counter() - start
 
