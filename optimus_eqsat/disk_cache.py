@@ -71,12 +71,21 @@ def code_fingerprint() -> str:
 
     # (egglog's version from its metadata: importing egglog costs about 0.15 s)
     h = hashlib.sha256(f"{FORMAT} {torch.__version__} {version('egglog')}".encode())
-    for root in source_roots():
-        for path in sorted(root.rglob("*")):
-            if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode())
-                h.update(path.read_bytes())
+    for root, path in package_source_files():
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def package_source_files() -> list[tuple[Path, Path]]:
+    """Every Python source, rule file and calibration profile of the package, each with the
+    folder of :func:`source_roots` it lies under, in a stable order."""
+    return [
+        (root, path)
+        for root in source_roots()
+        for path in sorted(root.rglob("*"))
+        if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts
+    ]
 
 
 def source_roots() -> tuple[Path, ...]:

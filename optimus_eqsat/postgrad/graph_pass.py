@@ -31,7 +31,7 @@ import torch.fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from optimus_eqsat.api import OptimizeOptions, optimize_graph
-from optimus_eqsat.disk_cache import source_roots
+from optimus_eqsat.disk_cache import package_source_files
 from optimus_eqsat.extract.cost_model import profile_for_inputs
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.inductor_compat import first_line, is_dynamo_signal, turn_off_inplace_buffers
@@ -47,11 +47,7 @@ def source_files(rule_files: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Every file whose content decides what the pass writes: the package's Python
     sources, rule files and calibration profiles (rewrites/ and extract/ included), and the
     user's rule files."""
-    files: set[str] = set()
-    for root in source_roots():
-        for path in root.rglob("*"):
-            if path.suffix in (".py", ".egg", ".json") and path.is_file() and "__pycache__" not in path.parts:
-                files.add(str(path.resolve()))
+    files = {str(path.resolve()) for _, path in package_source_files()}
     return tuple(sorted(files)) + tuple(str(Path(f).resolve()) for f in rule_files)
 
 
