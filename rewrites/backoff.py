@@ -96,6 +96,8 @@ def _forms(program: str) -> list[_Form]:
     Python bindings costs about 5 ms (its spans carry the whole source): over a second
     for the split/cat family, on the first optimization of every process."""
     forms: list[_Form] = []
+    keywords: dict[str, tuple[str, int, int]]
+    pending: str | None
     depth, start, head, keywords, pending, i, n = 0, 0, "", {}, None, 0, len(program)
     while i < n:
         ch = program[i]

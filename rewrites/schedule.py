@@ -23,8 +23,8 @@ nothing while no rule is banned (saturated) or at the first exhausted limit
 The saturation loop runs these in slices (``Schedule.analyses``, ``once``, ``families``):
 each analysis a few rounds per egglog call (``(run NAME k)``), each family round a call of
 its own, so it can check its time limit between calls. egglog cannot stop inside a call,
-and one ``run-schedule`` of the whole step ran 208 s on issue 29's 12,500-node graph
-while the time limit was 10 s. ``first`` and ``step`` are the same schedules as one
+and one ``run-schedule`` of the whole step can take minutes on a graph of some 12,500
+nodes, far past a time limit of seconds. ``first`` and ``step`` are the same schedules as one
 program each (for reading, and for callers without a time limit).
 
 Backoff (:class:`Backoff`, egg's BackoffScheduler): a rule of a family whose
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from optimus_eqsat.rewrites import RuleSet
 
@@ -100,7 +101,9 @@ def compose(rulesets: Sequence[RuleSet], runs: Mapping[str, str | None] | None =
     runs = runs or {}
     analysis_names = ("shapes", *(n for r in rulesets for n in r.analyses))
     once_names = tuple(name for r in rulesets for name in r.once)
-    family_names = tuple(runs.get(r.name, r.name) for r in rulesets if runs.get(r.name, r.name) is not None)
+    family_names = cast(
+        tuple[str, ...], tuple(runs.get(r.name, r.name) for r in rulesets if runs.get(r.name, r.name) is not None)
+    )
     settle = f"(saturate (seq {' '.join(f'(saturate (run {name}))' for name in analysis_names)}))"
     once = " ".join(f"(run {name})" for name in once_names)
     families = " ".join(f"(run {name})" for name in family_names)

@@ -35,8 +35,8 @@ Covers Inductor's group_batch_fusion.py (numbered as in the coverage table of re
 
 A linear is a candidate for several kinds at once (bmm, padk, lhs, group_linear): every
 alternative is unioned with it and the cost model picks. group_linear is one
-extern launch on GPU profiles, but its host time (measured on an H200: 0.3 ms a
-call plus 17 us a member) exceeds the launches it saves, and on the CPU profile
+extern launch on GPU profiles, but its host time (about 0.3 ms a call plus 17 us a
+member on an H200) exceeds the launches it saves, and on the CPU profile
 it runs one F.linear per member; so it is only built where
 ``group_linear_can_pay`` under the profile (a cheap-host profile, in tests).
 Same-shaped linears whose stacks are free take the bmm.

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from optimus_eqsat.term import Binary, Id, Op1, Op2, Op3, Scalar, Term, Unary
 from optimus_eqsat.translate import Translation
 
 _OP_TERMS = (Unary, Binary, Scalar, Op1, Op2, Op3)
+_Key = TypeVar("_Key", bound=Hashable)  # a fusion key
 
 
 @dataclass(frozen=True)
@@ -50,13 +52,11 @@ def parse_candidate(i: int, term: Term) -> Candidate | None:
     if not all(isinstance(ch, Id) for ch in children):
         return None
     return Candidate(
-        i, term.ctor, term.op, tuple(ch.i for ch in children), term.c if isinstance(term, Scalar) else None
+        i, term.ctor, term.op, tuple(cast(Id, ch).i for ch in children), term.c if isinstance(term, Scalar) else None
     )
 
 
-def independent_groups(
-    t: Translation, keyed: Mapping[Hashable, list[Candidate]]
-) -> dict[Hashable, list[list[Candidate]]]:
+def independent_groups(t: Translation, keyed: Mapping[_Key, list[Candidate]]) -> dict[_Key, list[list[Candidate]]]:
     """Split each key's candidates into groups with no dependency inside a group.
 
     The groups are those of the greedy rule "in graph order, a candidate joins the first
@@ -68,18 +68,18 @@ def independent_groups(
     ancestors (through data and through the order of effects on one memory,
     ``Translation.effect_deps``), found in one pass in graph order (topological) carrying, per node, the
     highest group per key among the candidates it depends on. Linear in the graph for
-    a bounded number of keys; pairwise bitset tests were quadratic on chains (83 s on
-    a 30,000-node chain of unary ops).
+    a bounded number of keys, where testing candidates pairwise would be quadratic on
+    chains (over a minute on a 30,000-node chain of unary ops).
     """
-    keys_of: dict[int, list[Hashable]] = defaultdict(list)
+    keys_of: dict[int, list[_Key]] = defaultdict(list)
     for key, members in keyed.items():
         for c in members:
             keys_of[c.node].append(key)
     by_node = {c.node: c for members in keyed.values() for c in members}
     index = t.index
-    empty: dict[Hashable, int] = {}
-    highest: list[dict[Hashable, int]] = []  # per node: key -> highest group of a candidate it depends on or is
-    groups: dict[Hashable, list[list[Candidate]]] = {key: [] for key in keyed}
+    empty: dict[_Key, int] = {}
+    highest: list[dict[_Key, int]] = []  # per node: key -> highest group of a candidate it depends on or is
+    groups: dict[_Key, list[list[Candidate]]] = {key: [] for key in keyed}
     effect_deps = t.effect_deps
     for i, node in enumerate(t.gm.graph.nodes):
         inputs = [highest[index[a]] for a in node.all_input_nodes]

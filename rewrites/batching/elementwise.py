@@ -7,7 +7,7 @@ that backward graphs hold (``where`` of a relu gradient, ``prims.fma`` of a
 softmax gradient, ``threshold_backward``, ``sigmoid_backward``, ...), which the
 translator keeps as Op2/Op3 terms. Not ``detach`` (Optimus batches it too): it
 launches nothing, so a batch of detaches only adds the stack of their inputs (in
-training that stacked every batch norm's statistics before their running update).
+training that would stack every batch norm's statistics before their running update).
 
 An operand every member shares (the zero of ``where(mask, 0, grad)``) is not
 stacked: elementwise ops broadcast, and a shared operand of at most the output's
@@ -15,6 +15,8 @@ rank broadcasts against the stack's new leading dim exactly as against each memb
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 from optimus_eqsat.fxvocab import VIEW_OPS, target_name
 from optimus_eqsat.normalize import ELEMENTWISE_MULTI, ELEMENTWISE_UNARY
@@ -72,7 +74,7 @@ class Elementwise(BatchKind):
             return False
         out = (len(group),) + b.t.shapes[c0.node]
         if c0.ctor == "Scalar":
-            batched = b.new(Scalar(c0.key, operands[0], c0.scalar))
+            batched = b.new(Scalar(c0.key, operands[0], cast(float, c0.scalar)))  # a Scalar candidate has one
         else:
             batched = b.new(CTORS[c0.ctor].cls(c0.key, *operands), out)
         b.unstack(batched, [c.node for c in group])

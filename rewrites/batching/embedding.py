@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -101,7 +102,7 @@ class Embedding(BatchKind):
 
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         t = b.t
-        slots = [embedding_slots(t.registry.specs[c.key]) for c in group]
+        slots = [cast(tuple[int, int], embedding_slots(t.registry.specs[c.key])) for c in group]  # as in key()
         idxs = [c.operands[s[0]] for c, s in zip(group, slots)]
         tables = [c.operands[s[1]] for c, s in zip(group, slots)]
         rows = tuple(t.shapes[w][0] for w in tables)

@@ -4,7 +4,7 @@ stacked scale and shift (Inductor's batch_layernorm, 24)."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,7 @@ class LayerNorm(BatchKind):
 
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         t, c0 = b.t, group[0]
-        args = layer_norm_args(t.registry.specs[c0.key])
+        args = cast(dict[str, Any], layer_norm_args(t.registry.specs[c0.key]))  # key() saw a layer_norm
         plain = t.registry.register(
             OpSpec(
                 "call_function",

@@ -36,8 +36,9 @@ its length; the e-graph then only sees a few terms per run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch.nn.functional as F
 
@@ -46,7 +47,8 @@ from optimus_eqsat.opspec import Slot as Operand
 from optimus_eqsat.term import Cat, Fact, Id, KnownShape, Op1, Permute, Reshape, Slice, Term, Union, cons_list
 from optimus_eqsat.translate import NodeStatus, Translation
 
-Slot = tuple[Hashable, int]  # (batched term, position of the member in it)
+Slot = tuple[Term, int]  # (batched term, position of the member in it)
+Piece = tuple[int, int, int, int]  # (source id, dim, start, end)
 # Writes a run's stack term: given where to emit list-naming facts and fresh list ids.
 StackBuilder = Callable[[Callable[[Fact], None], Callable[[], int]], Term]
 
@@ -56,6 +58,11 @@ def _slice_of_node(term: object) -> Slice | None:
     return term if isinstance(term, Slice) and isinstance(term.x, Id) else None
 
 
+def _source(s: Slice) -> int:
+    """The id of the FX value a slice from :func:`_slice_of_node` slices."""
+    return cast(Id, s.x).i
+
+
 @dataclass(frozen=True)
 class Item:
     """One list member: its term, its shape, and what it is a view of."""
@@ -63,13 +70,18 @@ class Item:
     term: Term
     shape: tuple[int, ...] | None
     slot: Slot | None = None  # a member of a batched group
-    piece: tuple[int, int, int, int] | None = None  # (source id, dim, start, end): a slice of a node
+    piece: Piece | None = None  # a slice of a node
 
 
-def _piece(t: Translation, source: int, dim: int, start: int, end: int) -> tuple[int, int, int, int]:
+def _known_piece(it: Item) -> Piece:
+    """``it.piece``, where the caller has seen that ``it`` is a slice."""
+    return cast(Piece, it.piece)
+
+
+def _piece(t: Translation, source: int, dim: int, start: int, end: int) -> Piece:
     """Compose slices of slices on one dim down to the first source that is not one."""
     while (s := _slice_of_node(t.terms.get(source))) is not None and s.dim == dim:
-        source, start, end = s.x.i, start + s.start, end + s.start
+        source, start, end = _source(s), start + s.start, end + s.start
     return source, dim, start, end
 
 
@@ -85,9 +97,9 @@ def make_item(t: Translation, term: Term, slot_of: dict[int, Slot], shape: tuple
         own = own or t.shapes.get(i)
         slot = slot_of.get(i)
         if (s := _slice_of_node(t.terms.get(i))) is not None:
-            piece = _piece(t, s.x.i, s.dim, s.start, s.end)
+            piece = _piece(t, _source(s), s.dim, s.start, s.end)
     elif (s := _slice_of_node(inner)) is not None:
-        src, dim, start, end = s.x.i, s.dim, s.start, s.end
+        src, dim, start, end = _source(s), s.dim, s.start, s.end
         if own is None and src in t.shapes:
             own = t.shapes[src][:dim] + (end - start,) + t.shapes[src][dim + 1 :]
         piece = _piece(t, src, dim, start, end)
@@ -97,10 +109,10 @@ def make_item(t: Translation, term: Term, slot_of: dict[int, Slot], shape: tuple
 def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
     """Length and cycle (first slot of each group) of the member run starting at ``j``."""
     first = items[j]
-    cycle = [first.slot]
+    cycle = [cast(Slot, first.slot)]  # the caller has seen that item j is a member
     q = j + 1
-    while q < len(items) and items[q].slot is not None and items[q].slot[0] not in {s[0] for s in cycle}:
-        cycle.append(items[q].slot)
+    while q < len(items) and items[q].slot is not None and cast(Slot, items[q].slot)[0] not in {s[0] for s in cycle}:
+        cycle.append(cast(Slot, items[q].slot))
         q += 1
     p, length = len(cycle), 0
     for r in range(len(items) - j):
@@ -118,11 +130,11 @@ def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
 def _strided_run(t: Translation, items: list[Item], j: int, pad: bool = False) -> tuple[int, int]:
     """Length and stride of the evenly spaced slices of one source starting at ``j``.
     ``pad``: the source may be zero-padded so the last slice's stride window fits."""
-    src, dim, a0, b0 = items[j].piece
+    src, dim, a0, b0 = _known_piece(items[j])
     width = b0 - a0
     if j + 1 >= len(items) or items[j + 1].piece is None or src not in t.shapes:
         return 0, 0
-    s1, d1, a1, b1 = items[j + 1].piece
+    s1, d1, a1, b1 = _known_piece(items[j + 1])
     stride = a1 - a0
     if (s1, d1, b1 - a1) != (src, dim, width) or stride < width or width <= 0:
         return 0, 0
@@ -144,7 +156,7 @@ class Run:
 
     start: int
     stop: int
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None  # None: a single item of unknown shape (in a cat)
     build: StackBuilder | None  # None: a single item
     contiguous_piece: int | None = None  # dim of a run of adjacent slices (cat rules already merge those)
     members: bool = False  # a member run: its items may also be computed one by one
@@ -158,7 +170,7 @@ MAX_CYCLE = 16  # longest cycle of slices a cyclic run looks for (the search is 
 def _cyclic_run(t: Translation, items: list[Item], j: int, cat_dim: int) -> tuple[int, int, int]:
     """Length (items), cycle length p >= 2 and stride of the cyclic run starting at ``j``
     (module docstring); (0, 0, 0) when there is none."""
-    src, dim, a0, _ = items[j].piece
+    src, dim, a0, _ = _known_piece(items[j])
     if dim != cat_dim or src not in t.shapes:
         return 0, 0, 0
     src_shape = t.shapes[src]
@@ -171,7 +183,7 @@ def _cyclic_run(t: Translation, items: list[Item], j: int, cat_dim: int) -> tupl
         return (start, end) if it.shape == src_shape[:dim] + (end - start,) + src_shape[dim + 1 :] else None
 
     for p in range(2, min(MAX_CYCLE, (len(items) - j) // 2) + 1):
-        cycle = [slice_at(j + i) for i in range(p)]
+        cycle = cast(list[tuple[int, int]], [slice_at(j + i) for i in range(p)])  # None is tested next
         nxt = slice_at(j + p)
         if None in cycle or nxt is None:
             break  # the cycle has to be slices of src throughout
@@ -193,9 +205,9 @@ def _cyclic_run(t: Translation, items: list[Item], j: int, cat_dim: int) -> tupl
 
 
 def _cyclic_cat(t: Translation, items: list[Item], j: int, p: int, stride: int, reps: int) -> StackBuilder:
-    src, dim = items[j].piece[:2]
+    src, dim = _known_piece(items[j])[:2]
     src_shape = t.shapes[src]
-    cycle = [items[j + i].piece[2:] for i in range(p)]
+    cycle = [_known_piece(items[j + i])[2:] for i in range(p)]
     base = min(a for a, _ in cycle)
     widths = [b - a for a, b in cycle]
 
@@ -312,14 +324,21 @@ def stack_terms(t: Translation, items: list[Item], emit: Callable[[Fact], None])
     if len(padded) < len(runs):
         terms.append(_stack_of(t, items, padded, emit))
     if any(r.members for r in runs):
-        plain = [Reshape(it.term, (1,) + runs[0].shape) for it in items]
+        plain = [Reshape(it.term, (1,) + _stack_shape(runs[0])) for it in items]
         terms.append(Cat(cons_list(plain, 0, emit, t.new_list_id, [1] * len(plain))))
     return terms
 
 
+def _stack_shape(r: Run) -> tuple[int, ...]:
+    """``r.shape`` of a run of a stack's items, which all have a shape."""
+    return cast(tuple[int, ...], r.shape)
+
+
 def _stack_of(t: Translation, items: list[Item], runs: list[Run], emit: Callable[[Fact], None]) -> Term:
     """The stack of ``items`` as the cat of its runs' stacks (a unit-dim reshape per single item)."""
-    parts = [r.build(emit, t.new_list_id) if r.build else Reshape(items[r.start].term, (1,) + r.shape) for r in runs]
+    parts = [
+        r.build(emit, t.new_list_id) if r.build else Reshape(items[r.start].term, (1,) + _stack_shape(r)) for r in runs
+    ]
     sizes = [r.stop - r.start for r in runs]
     return parts[0] if len(parts) == 1 else Cat(cons_list(parts, 0, emit, t.new_list_id, sizes))
 
@@ -371,17 +390,18 @@ def cat_alternatives(t: Translation, slot_of: dict[int, Slot], emit: Callable[[F
         for r in runs:
             length, s = r.stop - r.start, r.shape
             if r.cat_build is not None:
-                sizes.append(sum(it.piece[3] - it.piece[2] for it in items[r.start : r.stop]))
+                sizes.append(sum(_known_piece(it)[3] - _known_piece(it)[2] for it in items[r.start : r.stop]))
                 parts.append(r.cat_build(emit, t.new_list_id))
                 continue
             sizes.append(t.symbols.product((length, s[dim])) if s is not None else None)
             if r.build is None:
                 parts.append(items[r.start].term)
                 continue
+            assert s is not None  # a run with a build (member or strided) has a shape
             perm = tuple(range(1, dim + 1)) + (0,) + tuple(range(dim + 1, len(s) + 1))
             merged = s[:dim] + (t.symbols.product((length, s[dim])),) + s[dim + 1 :]
             parts.append(Reshape(Permute(r.build(emit, t.new_list_id), perm), merged))
-        known = None if None in sizes else sizes
+        known = None if None in sizes else cast(list[int], sizes)
         whole = parts[0] if len(parts) == 1 else Cat(cons_list(parts, dim, emit, t.new_list_id, known))
         emit(Union(Id(cat), whole))
         added += 1
