@@ -75,6 +75,7 @@ def inline_checkpoints(gm: torch.fx.GraphModule) -> int:
     graph = gm.graph
     for call in calls:
         body = _body(gm, call)
+        assert body is not None  # checkpoint_calls keeps only the calls whose body inlines
         region = next(_region_ids)
         placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
         env: dict[torch.fx.Node, Any] = dict(zip(placeholders, call.args[1:]))
@@ -100,6 +101,7 @@ def inline_checkpoints(gm: torch.fx.GraphModule) -> int:
                 whole = graph.call_function(tuple, (list(outputs),))
             call.replace_all_uses_with(whole)
         body_attr = call.args[0]
+        assert isinstance(body_attr, torch.fx.Node)  # _body: the body's get_attr node
         graph.erase_node(call)
         if not body_attr.users:
             graph.erase_node(body_attr)

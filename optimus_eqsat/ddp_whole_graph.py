@@ -22,7 +22,7 @@ import enum
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -123,13 +123,21 @@ def sink_input_work(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-#: ``whole(split, gm, example_inputs, buckets=(first, cap))`` -> compiled program; ``split(gm)``
-#: compiles ``gm`` cut into DDP's buckets (bytes of the first bucket and of the others), each
-#: piece by the backend. (The default backend's also takes torch.compile's
-#: ``mode`` and ``options`` as keywords.)
-WholeGraphCompiler = Callable[
-    [Callable[[torch.fx.GraphModule], Callable], torch.fx.GraphModule, Sequence[Any]], Callable
-]
+class WholeGraphCompiler(Protocol):
+    """``whole(split, gm, example_inputs, buckets=(first, cap))`` -> compiled program; ``split(gm)``
+    compiles ``gm`` cut into DDP's buckets (bytes of the first bucket and of the others), each
+    piece by the backend. (The default backend's also takes torch.compile's ``mode`` and
+    ``options`` as keywords.)"""
+
+    def __call__(
+        self,
+        split: Callable[[torch.fx.GraphModule], Callable],
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        /,
+        *,
+        buckets: tuple[int, int],
+    ) -> Callable: ...
 
 
 def _whole_graph_compiler(backend: Any) -> WholeGraphCompiler | None:
@@ -177,5 +185,5 @@ def install() -> bool:
         )
 
     compile_fn._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
-    DDPOptimizer.compile_fn = compile_fn
+    cast(Any, DDPOptimizer).compile_fn = compile_fn  # (a wrapper put in place of the method)
     return True

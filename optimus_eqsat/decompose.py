@@ -53,7 +53,8 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -115,7 +116,7 @@ def _batchable_training_norms(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     groups: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
     for node in gm.graph.nodes:
         if _training_decomposable(node) is not None:
-            groups[_shape_dtype(node)].append(node)
+            groups[cast(tuple, _shape_dtype(node))].append(node)  # (known for such a norm)
     return {n for members in groups.values() if len(members) >= 2 for n in members}
 
 
@@ -200,9 +201,13 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
         if args is not None:
             _decompose_batch_norm(out.graph, node, args)
         elif node in batchable:
-            args = _training_decomposable(node)
+            args = cast("dict[str, Any]", _training_decomposable(node))  # (a batchable norm is one)
             own = _own_statistics(node, args)
-            key = (float(args["momentum"]), _per_channel_count(_shape_dtype(node)[0]), _shape_dtype(node)[1])
+            key = (  # (a batchable norm's shape and dtype are known)
+                float(args["momentum"]),
+                _per_channel_count(cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[0]),
+                cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[1],
+            )
             batch_stats = _decompose_training_batch_norm(out.graph, node, args)
             if batch_stats is None:
                 continue
@@ -219,7 +224,7 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
     return out
 
 
-def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
+def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[[], object] | None:
     """A function making ``node`` out-of-place, when it writes into a fresh tensor that only it
     reads and its out-of-place form is known; else None."""
     if (
@@ -239,7 +244,12 @@ def _private_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node):
     if node.op == "call_module":  # symbolic_trace keeps nn.ReLU(inplace=True) a module call
         if type(gm.get_submodule(str(target))) is not torch.nn.ReLU or len(node.args) != 1 or node.kwargs:
             return None
-        return lambda: (setattr(node, "op", "call_function"), setattr(node, "target", torch.relu))
+
+        def as_function() -> None:
+            node.op = "call_function"
+            node.target = torch.relu
+
+        return as_function
     # A trailing underscore's twin is the out-of-place op only where the translator knows that
     # op (not requires_grad_ -> the requires_grad attribute, resize_ -> a deprecated alias).
     if node.op == "call_method":
@@ -278,7 +288,7 @@ def _same_result(node: torch.fx.Node) -> bool:
     """Whether ``a op= b`` (``node``) gives what ``a op b`` gives: the out-of-place op would
     promote the dtype or broadcast the shape where the in-place one keeps ``a``'s (known
     from meta; unknown: no)."""
-    a, b = meta_value(node.args[0]), node.args[1]
+    a, b = meta_value(cast(torch.fx.Node, node.args[0])), node.args[1]  # (_private_inplace: a node)
     b = meta_value(b) if isinstance(b, torch.fx.Node) else b
     if not isinstance(a, torch.Tensor) or not isinstance(b, (torch.Tensor, int, float, bool)):
         return False
@@ -332,7 +342,7 @@ def _decompose_training_batch_norm(
     statistics it leaves to the caller: the batch's (mean, biased variance) per channel,
     outside autograd (None without running statistics)."""
     x = args["input"]
-    shape = _shape_dtype(node)[0]
+    shape = cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[0]  # (_training_decomposable: known)
     channels = shape[1]
     dims = [0, *range(2, len(shape))]
     stat_shape = (1, channels, *[1] * (len(shape) - 2))
@@ -354,8 +364,11 @@ def _decompose_training_batch_norm(
                 y = call(op, y, param)
         batch_stats = None
         if args["running_mean"] is not None:
-            batch_stats = tuple(
-                call("reshape", call("detach", stat, method=True), channels, method=True) for stat in (mean, var)
+            batch_stats = cast(
+                "tuple[torch.fx.Node, torch.fx.Node]",
+                tuple(
+                    call("reshape", call("detach", stat, method=True), channels, method=True) for stat in (mean, var)
+                ),
             )
     for key in META_KEYS:  # the norm's own meta is the result's
         if key in node.meta:
@@ -462,7 +475,11 @@ def _computed(node: torch.fx.Node) -> torch.fx.Node:
                 return v
 
             args, kwargs = torch.utils._pytree.tree_map(to_meta, (args, kwargs))
-        fn = getattr(torch.Tensor, node.target) if node.op == "call_method" else node.target
+        fn: Callable[..., Any] = (
+            getattr(torch.Tensor, cast(str, node.target))
+            if node.op == "call_method"
+            else cast("Callable[..., Any]", node.target)
+        )
         with mode if mode is not None else contextlib.nullcontext(), torch.no_grad():
             node.meta[key] = fn(*args, **kwargs)
     return node

@@ -111,7 +111,9 @@ def share_dropout_draws(gm: torch.fx.GraphModule) -> int:
     first = next(n for n in graph.nodes if n.op != "placeholder")
     rewritten = 0
     for members in shared_draw_groups(gm):
-        p, shape, dtype, device = _dropout(members[0])
+        found = _dropout(members[0])
+        assert found is not None  # shared_draw_groups groups only such dropouts
+        p, shape, dtype, device = found
         with graph.inserting_before(first):
             draw = graph.call_function(torch.rand, ((len(members), *shape),), {"dtype": dtype, "device": device})
         _set_value(draw, (len(members), *shape), dtype, members[0])

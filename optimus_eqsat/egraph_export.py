@@ -9,10 +9,10 @@ from a cost function.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from optimus_eqsat.extract.egraph import ENode, ExtractionGraph
 from optimus_eqsat.term import CTORS, EMITTED_CTORS, VIEW_CTORS, Role
@@ -100,7 +100,7 @@ class ExportedEGraph:
         """Fewest members of any list each list class can be (TNil 0, TCons 1 + tail)."""
         return self._steps_up({"TNil"}, {"TCons"}, child=1)
 
-    def _steps_up(self, seeds: set[str], edges: set[str], child: int) -> dict[int, int]:
+    def _steps_up(self, seeds: Set[str], edges: Set[str], child: int) -> dict[int, int]:
         """Breadth-first from the classes holding a ``seeds`` node, up through ``edges``
         nodes (from their ``child``-th child to their class): every class reached, with
         its fewest steps. One pass however long the chains (a 2,000-item list)."""
@@ -145,7 +145,7 @@ def export(egraph: eb.EGraph) -> ExportedEGraph:
             out.classes.append([])
         return index
 
-    decoders = {
+    decoders: dict[str, Callable[[Any], Any]] = {
         "i64": egraph.value_to_i64,
         "f64": egraph.value_to_f64,
         "String": egraph.value_to_string,
@@ -168,7 +168,7 @@ def export(egraph: eb.EGraph) -> ExportedEGraph:
             c = cls(row.output)
             out.classes[c].append(TermNode(name, args))
             if name == "Id":
-                out.class_of_id[args[0]] = c
+                out.class_of_id[cast(int, args[0])] = c  # (an Id's argument: an i64)
     for row in shape_rows or ():
         (tensor,) = row.inputs
         if tensor in class_index:

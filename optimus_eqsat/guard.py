@@ -48,7 +48,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -112,6 +112,7 @@ def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
     """Positions of the placeholders the graph writes to (in place, or through a view)."""
     placeholders = {n: k for k, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     written = set()
+    base: torch.fx.Node | None
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
@@ -248,7 +249,7 @@ def step_function(
         if training and wrt:
             outs = [o for o in _flat_tensors(out) if o.requires_grad]
             if outs:
-                loss = sum(o.float().sum() for o in outs)
+                loss = cast(torch.Tensor, sum(o.float().sum() for o in outs))  # (outs is not empty)
                 with _compiled_autograd_off():
                     torch.autograd.grad(loss, wrt, allow_unused=True)
         if on_cuda:

@@ -11,7 +11,7 @@ stays opaque, kept verbatim.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.fx
@@ -123,6 +123,7 @@ def _dim(d: Any, rank: int) -> int:
 
 
 def _split_pieces(ctx: Context, x: Any, sizes: list[int], dim: int) -> list[Term]:
+    out: list[Term]
     ref, out, start = ctx.ref(x), [], 0
     for size in sizes:
         out.append(Slice(ref, dim, start, start + size))
@@ -683,9 +684,9 @@ MODULE_OPS: dict[type, tuple[str, Any, tuple[str, ...], Callable[[nn.Module], di
         "layer_norm",
         F.layer_norm,
         ("weight", "bias"),
-        lambda m: {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps},
+        lambda m: {"normalized_shape": tuple(cast(nn.LayerNorm, m).normalized_shape), "eps": m.eps},
     ),
-    nn.Embedding: ("embedding", F.embedding, ("weight",), lambda m: _embedding_constants(m)),
+    nn.Embedding: ("embedding", F.embedding, ("weight",), lambda m: _embedding_constants(cast(nn.Embedding, m))),
     nn.Softmax: ("softmax", F.softmax, (), lambda m: {"dim": m.dim}),
     nn.Identity: ("identity", None, (), lambda m: {}),
     nn.Dropout: ("dropout", None, (), lambda m: {}),

@@ -2,11 +2,10 @@
 
 A batched program reads its weights stacked: ``stack([w_1, ..., w_n])`` feeds one
 batched matmul. Compiled as it is, that stack copies every weight on every step,
-which can cost more than the launches batching saves (measured on this machine:
-the batched mmoe, ple and dynamic_schema at batch 32 ran at 0.91-0.99x of
-Inductor's default with the stacks redone every step, 0.58-0.77x with them built
-once). Inductor's ``freezing`` builds them once but then ignores any change of
-the weights, and holds them beside the weights. Here the weights move instead:
+which can cost more than the launches batching saves: the batched program can then
+be slower than the original, where with the stacks built once it is faster.
+Inductor's ``freezing`` builds them once but then ignores any change of the
+weights, and holds them beside the weights. Here the weights move instead:
 
 - :func:`packable_work` finds the stacks and cats (along dim 0) of whole
   parameters, and the views of them, that the graph computes from parameters
@@ -37,7 +36,7 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -74,7 +73,7 @@ class PackableWork:
 
 
 def _dim0(node: fx.Node) -> bool:
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    dim: object = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     return dim == 0
 
 
@@ -83,9 +82,9 @@ def _whole_parameter(node: fx.Node, params: set[fx.Node]) -> fx.Node | None:
     while node not in params:
         if node.op not in ("call_function", "call_method") or canonical_name(node) not in WHOLE_VIEW_OPS:
             return None
-        node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if node is None:
+        if not node.args or not isinstance(node.args[0], fx.Node):
             return None
+        node = node.args[0]
     return node
 
 
@@ -126,8 +125,9 @@ def packable_work(
         if name in VIEW_OPS and all(a in nodes for a in node.all_input_nodes):
             nodes.add(node)
         elif name in ("stack", "cat") and _dim0(node) and isinstance(node.args[0], (list, tuple)):
-            members = [_whole_parameter(m, params) if isinstance(m, fx.Node) else None for m in node.args[0]]
-            if members and None not in members and not claimed & set(members) and _packable_params(members, values):
+            found = [_whole_parameter(m, params) if isinstance(m, fx.Node) else None for m in node.args[0]]
+            members = cast("list[fx.Node]", found)  # (read only once None is not among them)
+            if found and None not in found and not claimed & set(members) and _packable_params(members, values):
                 claimed.update(members)
                 packs.append(Pack(node, members))
                 nodes.add(node)
@@ -145,7 +145,7 @@ def _chain(node: fx.Node, params: set[fx.Node]) -> list[fx.Node]:
     out = []
     while node not in params:
         out.append(node)
-        node = node.args[0]
+        node = cast(fx.Node, node.args[0])  # (a whole view's input)
     return out
 
 
@@ -218,7 +218,7 @@ def static_example_values(values: Sequence[torch.Tensor]) -> list[Any]:
     """The cached values as Inductor should see them: fakes of the tracing fake mode with static
     sizes. Handed over as real tensors, Inductor would fakify them with size symbols that no
     guard source knows (they are not among the tensors Dynamo traced), and a guard on such a
-    symbol makes Dynamo fail (an ``IndexError`` in ``produce_guards``, seen on random graphs)."""
+    symbol makes Dynamo fail (an ``IndexError`` in ``produce_guards``)."""
     from torch._guards import detect_fake_mode
 
     mode = detect_fake_mode()
@@ -253,14 +253,16 @@ class _PackedPrologue(fx.Interpreter):
 
     def __init__(self, prologue: fx.GraphModule, packs: list[tuple[int, list[int]]], params: tuple[torch.Tensor, ...]):
         super().__init__(prologue)
-        outputs = next(n for n in reversed(prologue.graph.nodes) if n.op == "output").args[0]
+        outputs = cast(
+            "tuple[fx.Node, ...]", next(n for n in reversed(prologue.graph.nodes) if n.op == "output").args[0]
+        )
         self.members = {outputs[index]: [params[i] for i in members] for index, members in packs}
 
     def run_node(self, n: fx.Node) -> Any:
         group = self.members.get(n)
         if group is None or not _adjacent(group):
             return super().run_node(n)
-        items = [self.env[m] for m in n.args[0]]
+        items = [self.env[m] for m in cast("Sequence[fx.Node]", n.args[0])]
         if canonical_name(n) == "stack":
             shape = (len(items), *items[0].shape)
         else:

@@ -15,7 +15,7 @@ import copy
 import logging
 import operator
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.fx
@@ -39,6 +39,9 @@ from optimus_eqsat.fxvocab.symbolic import all_concrete, static_tensor, symbolic
 from optimus_eqsat.rebuild_sizes import SizeWriter
 from optimus_eqsat.term import CTORS, OP_CTORS
 from optimus_eqsat.translate import NodeStatus, Translation
+
+if TYPE_CHECKING:
+    from torch.fx.node import Target
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ class Rebuilder:
         self.aliases_input: set[torch.fx.Node] = set()
         # New nodes get names no original node has. Left to torch.fx, a new "add" after a
         # copied "add_5" counts up from 5 past every name already used (a counter the
-        # copy lowered): quadratic, 5 s for the 2,000 adds of one 2,000-feature build.
+        # copy lowered): quadratic in the nodes of one op (a wide model has thousands of adds).
         self.taken_names = {n.name for n in t.gm.graph.nodes}
         self.next_suffix: dict[str, int] = {}
         # symbolic sizes (a dynamic batch) are written as run-time values, never the example's
@@ -225,14 +228,14 @@ class Rebuilder:
             if key in self.ordered_set:  # earlier effects on the same memory first
                 deps += [("orig", d) for d in self.t.effect_deps.get(key, ()) if d in self.ordered_set]
             return deps
-        node = self._chosen(key)
-        if node.ctor == "Leaf":
-            return [] if node.args[0] in self.t.param_leaves else [("orig", node.args[0])]
-        if node.ctor == "Cat":
-            members, dim = self._list_members(node.args[0].index)
+        term = self._chosen(key)
+        if term.ctor == "Leaf":
+            return [] if term.args[0] in self.t.param_leaves else [("orig", term.args[0])]
+        if term.ctor == "Cat":
+            members, dim = self._list_members(term.args[0].index)
             stacked = self._stacked(members, dim)
             return [("class", m) for m in (stacked[0] if stacked else members)]
-        return [("class", ch) for ch in node.children]
+        return [("class", ch) for ch in term.children]
 
     def _stacked(self, members: list[int], dim: int) -> tuple[list[int], tuple[int, ...] | None] | None:
         """The classes a cat's members reshape, when the cat is a stack of them: every
@@ -316,7 +319,7 @@ class Rebuilder:
             op, target, call_args = info.fx(info.cls(*args), val(args[0]))
             if ctor in ("Reshape", "Expand") and not all_concrete(args[1]):
                 call_args = (call_args[0], self._symbolic_sizes(ctor, args))
-            new = g.create_node(op, target, call_args, name=self._fresh_name(target))
+            new = g.create_node(op, cast("Target", target), call_args, name=self._fresh_name(target))
         elif ctor == "Cat":
             members, dim = self._list_members(args[0].index)
             stacked = self._stacked(members, dim)
@@ -550,7 +553,8 @@ def _placeholder_fakes(placeholders: list[torch.fx.Node], values: list[Any]) -> 
     """The placeholders' fake values, all from one fake mode, when they fit ``values``."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    modes, fakes = set(), []
+    modes: set[Any] = set()
+    fakes: list[Any] = []
     for n, v in zip(placeholders, values):
         if not isinstance(v, torch.Tensor):
             if not isinstance(v, (int, float, bool)):
@@ -622,7 +626,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
     vals: dict[torch.fx.Node, Any] = {}
     lookup = env.__getitem__
     next_placeholder = iter(fakes)
-    kernel_mode = None  # entered around runs of view nodes
+    kernel_mode: contextlib.ExitStack | None = None  # entered around runs of view nodes
 
     def enter_kernel() -> None:
         nonlocal kernel_mode
@@ -636,7 +640,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
     def leave_kernel() -> None:
         nonlocal kernel_mode
         if kernel_mode is not None:
-            kernel_mode, stack = None, kernel_mode
+            kernel_mode, stack = None, cast(contextlib.ExitStack, kernel_mode)
             stack.close()
 
     try:
@@ -665,6 +669,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
             kwargs = map_arg(n.kwargs, lookup)
             target = n.target
             view = False
+            fn: Any
             if op == "call_function":
                 if target is operator.getitem:
                     base = args[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -58,7 +58,7 @@ class SizeWriter:
         offset = len(shape) - len(source) if source is not None else None
         out: list[Size] = []
         for k, s in enumerate(shape):
-            kept = offset is not None and k >= offset and source[k - offset] == s
+            kept = offset is not None and k >= offset and cast("Sequence[int]", source)[k - offset] == s
             out.append(-1 if is_symbolic(s) and kept else self.size(s))
         return out
 

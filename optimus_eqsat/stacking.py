@@ -32,7 +32,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
@@ -130,8 +130,8 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
             ):
                 kind = "stack-t"
             paths = [names.get(id(value[p])) for p in pack.params]
-            if None not in paths:
-                groups.append((kind, paths))
+            if None not in paths:  # (kind: a stack or cat has a canonical name)
+                groups.append((cast(str, kind), cast("list[str]", paths)))
     return groups
 
 
@@ -141,10 +141,10 @@ def _program_with_stored_stacks(
     """The optimizer's program for a training step of ``gm``, with every stack or dim-0 cat of
     whole parameters priced as free, as it is once stacking has made it the parameters'
     storage (the objective of cached inference, ``Objective.cached``, in training). Priced as
-    a copy every step, those stacks kept the optimizer from batching what would pay once
-    stored (ple: 10 cats of 46 parameters, against 16 stacks of 88 priced so). None when the
-    optimizer fails or keeps the original; the compile of the stacked model then prices its
-    own program, where reading a stack is a view, and the backend measures it."""
+    a copy every step, those stacks keep the optimizer from batching what would pay once
+    stored (it then picks fewer and smaller groups). None when the optimizer fails or keeps
+    the original; the compile of the stacked model then prices its own program, where
+    reading a stack is a view, and the backend measures it."""
     from optimus_eqsat.api import OptimizationRun
     from optimus_eqsat.objective import Objective
     from optimus_eqsat.options import OptimizeOptions
@@ -179,10 +179,11 @@ def _last_dims_swapped(node: fx.Node) -> bool:
     flat = [d for a in args for d in (a if isinstance(a, (list, tuple)) else [a])]
     if not all(isinstance(d, int) for d in flat):
         return False
+    dims = cast("list[int]", flat)
     if name == "permute":
-        return [d % 3 for d in flat] == [0, 2, 1]
+        return [d % 3 for d in dims] == [0, 2, 1]
     if name in ("transpose", "swapaxes", "swapdims"):
-        return sorted(d % 3 for d in flat) == [1, 2]
+        return sorted(d % 3 for d in dims) == [1, 2]
     return False
 
 
@@ -213,7 +214,8 @@ def _slot_property(name: str) -> property:
     """A member's parameter ``name``, read as a view of its slot of its owner's stack."""
 
     def read(self: nn.Module) -> torch.Tensor:
-        owner, stack_name, index, transposed = self._optimus_slots[name]
+        slots = cast("dict[str, tuple[nn.Module, str, Any, bool]]", self._optimus_slots)
+        owner, stack_name, index, transposed = slots[name]
         stack = getattr(owner, stack_name)
         # (transposed as a whole, then sliced: a batched program's stack of the members is
         # then a stack of slices of one tensor, which the e-graph folds to that tensor)
@@ -255,11 +257,11 @@ class _StackedMember:
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        super()._load_from_state_dict(
+        super()._load_from_state_dict(  # type: ignore[misc]  # (a mixin: nn.Module at run time)
             state_dict,
             prefix,
             local_metadata,
-            strict,  # type: ignore[misc]
+            strict,
             missing_keys,
             unexpected_keys,
             error_msgs,
@@ -296,7 +298,7 @@ def _member_class(cls: type, names: tuple[str, ...]) -> type:
     (one class per (class, names), so models built alike share them)."""
     key = (cls, names)
     if key not in _CLASSES:
-        body = {name: _slot_property(name) for name in names}
+        body: dict[str, Any] = {name: _slot_property(name) for name in names}
         body["__module__"] = cls.__module__
         _CLASSES[key] = type(f"Stacked{cls.__name__}", (_StackedMember, cls), body)
     return _CLASSES[key]

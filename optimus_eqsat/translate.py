@@ -29,7 +29,7 @@ import enum
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -273,7 +273,7 @@ def _random(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return True
     if name in ("dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"):
         training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
-        p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+        p: object = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
         return training is not False and p != 0
     return False
 
@@ -289,7 +289,7 @@ class Translator:
         self.nodes = list(gm.graph.nodes)
         self.ids = {n: i for i, n in enumerate(self.nodes)}
         self.t = Translation(gm, self.nodes)
-        self.split_pieces: dict[int, list[str]] = {}
+        self.split_pieces: dict[int, list[Term]] = {}
         self.node: torch.fx.Node | None = None
         if example_inputs is not None:
             check_example_inputs(gm, example_inputs)
@@ -353,7 +353,7 @@ class Translator:
         kwargs: dict | None = None,
     ) -> Term:
         """An op kept as is, keyed by its target and constant arguments."""
-        node = self.node
+        node = cast(torch.fx.Node, self.node)  # (set while a node is translated)
         op = op or node.op
         target = node.target if target is None else target
         args = node.args if args is None else args
@@ -480,7 +480,7 @@ class Translator:
         bound = bind(node, params, defaults) if params else {}
         if name in ("split", "chunk", "unbind") or name in TUPLE_OPS:
             self._check_piece_users(node)
-        result = handler(self, bound)
+        result = handler(cast(normalize.Context, self), bound)  # (self.node: this node)
         if isinstance(result, list):
             self.split_pieces[i] = result
             self.t.status[i] = NodeStatus.PIECES
@@ -511,7 +511,9 @@ class Translator:
             return Reshape(self.ref(x), self.out_shape())
         params = [self._param_leaf(f"{node.target}.{p}", getattr(module, p)) for p in param_names]
         if name == "linear":
-            return normalize.h_linear(self, {"input": x, "weight": params[0], "bias": params[1]})
+            return normalize.h_linear(
+                cast(normalize.Context, self), {"input": x, "weight": params[0], "bias": params[1]}
+            )
         kwargs = constants(module)
         args: tuple = (x,)
         if name == "layer_norm":
