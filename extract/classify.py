@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch.fx as fx
 
@@ -102,7 +102,7 @@ def _classify(gm: fx.GraphModule, node: fx.Node, infos: list[TensorInfo] | None)
         return K.NONE
     if node.op == "call_module":
         try:
-            return module_kind(gm.get_submodule(node.target))
+            return module_kind(gm.get_submodule(cast(str, node.target)))
         except AttributeError:
             return K.OPAQUE
     name = target_name(node.target)
@@ -137,7 +137,7 @@ def node_kinds(gm: fx.GraphModule, infos: Infos, decomposed_mm: DecomposedMM) ->
 def has_bias(gm: fx.GraphModule, node: fx.Node, label: str) -> bool:
     """Whether a matmul node adds a bias (a linear with bias is one addmm)."""
     if node.op == "call_module":
-        return getattr(gm.get_submodule(node.target), "bias", None) is not None
+        return getattr(gm.get_submodule(cast(str, node.target)), "bias", None) is not None
     if label == "linear":
         bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
         return bias is not None
@@ -155,13 +155,14 @@ def mm_form(gm: fx.GraphModule, node: fx.Node, infos: Infos) -> tuple[str, int, 
         tensors = tensors[1:]
     if not tensors:
         return None
-    lhs = infos[tensors[0]][0].shape
-    rhs = infos[tensors[1]][0].shape if len(tensors) > 1 else None
+    lhs = cast(list[TensorInfo], infos[tensors[0]])[0].shape  # tensors have infos (filtered above)
+    rhs = cast(list[TensorInfo], infos[tensors[1]])[0].shape if len(tensors) > 1 else None
     if not lhs or any(d is None for d in lhs) or not out[0].shape:
         return None
-    k, n = lhs[-1], out[0].shape[-1]
+    # no dim of lhs is None, nor of out (its numel is known)
+    k, n = cast(int, lhs[-1]), cast(int, out[0].shape[-1])
     if name in ("bmm", "baddbmm") or (name in ("matmul", "__matmul__") and rhs and len(rhs) > 2):
-        return "bmm", lhs[-2] if len(lhs) > 1 else 1, k, n
+        return "bmm", cast(int, lhs[-2]) if len(lhs) > 1 else 1, k, n
     if name not in ("linear", "mm", "addmm", "matmul", "__matmul__"):
         return None
     m = (out[0].numel // n) if n else 0

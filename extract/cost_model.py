@@ -86,8 +86,8 @@ class DeviceProfile:
     the other (CPU). ``codegen`` names Inductor's code generator: "triton" (one
     kernel per fused group) or "cpp" (all generated code between two extern
     calls in one C++ kernel). ``grouped_host_s`` / ``grouped_host_s_per_member``:
-    host time of one ``optimus_eqsat::grouped_linear`` call, measured on an
-    H200 (0.3 ms a call plus 17 us a member: host-bound).
+    host time of one ``optimus_eqsat::grouped_linear`` call (host-bound; the
+    defaults are an H200's: 0.3 ms a call plus 17 us a member).
     """
 
     name: str
@@ -138,7 +138,9 @@ def _itemsize(dtype_name: str) -> int:
 
 # Host costs of the H200 run (benchmarks/results/gpu: Inductor default's step time at batch
 # 32 fits 84 us + 14.7 us per launch), used for GPUs not measured here: same wrapper software.
-_GPU_HOST = dict(launch_overhead_s=14.7e-6, call_s=84e-6, overlap=True, device_kernel_s=2e-6, codegen="triton")
+_GPU_HOST: dict[str, Any] = dict(
+    launch_overhead_s=14.7e-6, call_s=84e-6, overlap=True, device_kernel_s=2e-6, codegen="triton"
+)
 
 
 def _from_calibration(name: str, cal: CalibratedProfile, **device: Any) -> DeviceProfile:

@@ -13,8 +13,8 @@ chains. The exact fusion model runs afterwards on the rebuilt FX graph
 A grouped linear (batching's group_linear) is priced as what runs: on GPU
 profiles (codegen "triton") the call is one extern launch and each member adds
 its roofline time plus host time (the profile's ``grouped_host_s`` per call and
-``grouped_host_s_per_member`` per member, measured on an H200: the call is
-host-bound, so on that evidence it rarely beats plain linears); on the CPU profile the op runs one
+``grouped_host_s_per_member`` per member: the call is host-bound, so it
+rarely beats plain linears); on the CPU profile the op runs one
 ``F.linear`` per member, so each member is a full matmul and the call adds its
 own dispatch on top: there it never beats the plain linears. Packing terms
 (operand chains, getitem of the call's outputs) cost ``VIEW_COST``.
@@ -139,8 +139,8 @@ class EGraphCost:
             return host + device
         time = kernel_time(p, kind, moved, _numel(self.shapes.get(c)))
         if kind is KernelKind.REDUCTION:  # its loop's setup and rows (CPU profiles; 0 elsewhere)
-            out = self.shapes.get(c)
-            rows = _numel(out) // out[-1] if out and out[-1] else 1
+            shape = self.shapes.get(c)
+            rows = _numel(shape) // shape[-1] if shape and shape[-1] else 1
             time += p.reduction_s + rows * p.reduction_row_s
         return time
 
@@ -159,7 +159,7 @@ class EGraphCost:
             return VIEW_COST + concat
         return CELL_LAUNCH_SHARE * p.launch_s(KernelKind.CAT) + concat
 
-    def _fused_pointwise(self, c: int, moved: int) -> float:
+    def _fused_pointwise(self, c: int, moved: float) -> float:
         """A pointwise op: its traffic, and a share of a launch and its buffer (it usually
         fuses with a neighbour: no kernel of its own, so no least device time either)."""
         p = self.profile

@@ -24,7 +24,7 @@ priced, and the pricing for them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch.fx as fx
 
@@ -130,7 +130,11 @@ def predicted_step_time(
         return forward
     grad = needs_grad(gm, example_inputs)
     trained = sum(1 for n in grad if n.op in ("placeholder", "get_attr")) + sum(
-        1 for n in grad if n.op == "call_module" for p in gm.get_submodule(n.target).parameters() if p.requires_grad
+        1
+        for n in grad
+        if n.op == "call_module"
+        for p in gm.get_submodule(cast(str, n.target)).parameters()
+        if p.requires_grad
     )
     backward = pricing.backward_costs(kernels, grad)
     return forward + step_seconds(prof, backward) + trained * prof.trained_input_s

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.fx as fx
@@ -107,6 +108,11 @@ def _numel(infos: list[TensorInfo] | None) -> int:
     return sum(i.numel or 0 for i in infos or [])
 
 
+def _first(infos: list[TensorInfo] | None) -> TensorInfo | None:
+    """The first tensor of ``infos``; None when unknown or there is none."""
+    return infos[0] if infos else None
+
+
 class Pricing:
     """Bytes, FLOPs and seconds of the planned kernels of one graph.
 
@@ -163,9 +169,10 @@ class Pricing:
         reduction's output numel; 0 for other nodes."""
         if self.kinds.get(node) is not K.REDUCTION:
             return 0
-        out = _numel(self.infos.get(node)[:1] if self.infos.get(node) else None)
+        infos = self.infos.get(node)
+        out = _numel(infos[:1] if infos else None)
         args = arg_nodes(node)
-        first = (self.infos.get(args[0]) or [None])[0] if args else None
+        first = _first(self.infos.get(args[0])) if args else None
         if first is not None and first.numel and first.shape and first.shape[-1] and out == first.numel:
             return first.numel // first.shape[-1]  # same shape out as in: a normalization, one row per last dim
         return out
@@ -204,7 +211,7 @@ class Pricing:
         if form is None:
             return None
         name, m, k, n = form
-        out = (self.infos.get(node) or [None])[0]
+        out = _first(self.infos.get(node))
         batch = (out.numel // (m * n)) if name == "bmm" and out is not None and out.numel and m * n else 1
         return batch, m, k, n
 
@@ -228,27 +235,28 @@ class Pricing:
 
     def _matmul_flops(self, node: fx.Node) -> float:
         """2 * out_numel * K; K = reduction size (conv: Cin/groups * kernel)."""
-        out = _numel(self.infos.get(node)[:1] if self.infos.get(node) else None)
-        weight_shape = None
+        infos = self.infos.get(node)
+        out = _numel(infos[:1] if infos else None)
+        weight_shape: tuple[int | None, ...] | None = None
         if node.op == "call_module":
-            module = self.gm.get_submodule(node.target)
+            module = self.gm.get_submodule(cast(str, node.target))
             weight = getattr(module, "weight", None)
             if isinstance(weight, torch.Tensor) and weight.dim() > 2:
                 weight_shape = tuple(weight.shape)
         name = op_label(self.gm, node)
         tensors = [i for i in arg_nodes(node) if self.infos.get(i)]
         if weight_shape is None and "conv" in name and len(tensors) > 1:
-            weight_shape = self.infos[tensors[1]][0].shape
+            weight_shape = cast(list[TensorInfo], self.infos[tensors[1]])[0].shape  # tensors have infos
         if weight_shape is not None and all(d is not None for d in weight_shape):
             k = 1
-            for d in weight_shape[1:]:
+            for d in cast(tuple[int, ...], weight_shape)[1:]:
                 k *= d
             return 2.0 * out * k
         # addmm/baddbmm/addmv/addbmm: the first tensor is the bias.
         lhs_index = 1 if name.startswith("add") or name == "baddbmm" else 0
         if len(tensors) <= lhs_index:
             return 0.0
-        shape = self.infos[tensors[lhs_index]][0].shape
+        shape = cast(list[TensorInfo], self.infos[tensors[lhs_index]])[0].shape
         k = shape[-1] if shape and shape[-1] is not None else 0
         return 2.0 * out * k
 
@@ -264,7 +272,7 @@ class Pricing:
         """
         if node.op != "call_module":
             return 0
-        module = self.gm.get_submodule(node.target)
+        module = self.gm.get_submodule(cast(str, node.target))
         total = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
         if self.kinds[node] is K.GATHER:
             total = min(total, _nbytes(self.infos.get(node)))
@@ -304,15 +312,19 @@ class Pricing:
         if node.op != "call_function" or target_name(node.target) not in GROUPED_OPS or len(node.args) < 2:
             return []
         prof = self.profile
-        xs, ws = node.args[0], node.args[1]
-        bs = node.args[2] if len(node.args) > 2 and node.args[2] is not None else [None] * len(xs)
-        members = []  # (bytes, flops, (batch, M, K, N), itemsize) per member
+        xs, ws = cast(Sequence[fx.node.Argument], node.args[0]), cast(Sequence[fx.node.Argument], node.args[1])
+        bs = cast(
+            Sequence[fx.node.Argument],
+            node.args[2] if len(node.args) > 2 and node.args[2] is not None else [None] * len(xs),
+        )
+        # (bytes, flops, (batch, M, K, N), itemsize) per member
+        members: list[tuple[int, float, tuple[int, int, int, int], int]] = []
         for x, w, b in zip(xs, ws, bs):
-            xi = (self.infos.get(x) or [None])[0] if isinstance(x, fx.Node) else None
-            wi = (self.infos.get(w) or [None])[0] if isinstance(w, fx.Node) else None
+            xi = _first(self.infos.get(x)) if isinstance(x, fx.Node) else None
+            wi = _first(self.infos.get(w)) if isinstance(w, fx.Node) else None
             if xi is None or wi is None or xi.numel is None or len(wi.shape) != 2 or None in wi.shape:
                 return []
-            n_out, k = wi.shape
+            n_out, k = cast(tuple[int, int], wi.shape)  # two dims, none of them None
             rows = xi.numel // k if k else 0
             bias = _nbytes(self.infos.get(b)) if isinstance(b, fx.Node) else 0
             members.append(
@@ -403,7 +415,7 @@ class Pricing:
         or True for a module's own parameters that require grad."""
         args = arg_nodes(node)
         if node.op == "call_module":
-            module = self.gm.get_submodule(node.target)
+            module = self.gm.get_submodule(cast(str, node.target))
             return (*args[:1], any(p.requires_grad for p in module.parameters(recurse=False)))
         label = op_label(self.gm, node)
         if label in ("addmm", "baddbmm", "addbmm", "addmv"):

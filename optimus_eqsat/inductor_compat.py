@@ -27,6 +27,8 @@ with the original compiled with Inductor's defaults.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from optimus_eqsat.fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
@@ -48,7 +50,7 @@ def inductor_patches(rewritten: bool) -> dict[str, object]:
     """Config patches for a compile of a graph our pre-grad pass ``rewritten`` or not.
 
     A graph it left alone is compiled with the user's settings, so a program no pass
-    rewrites is Inductor's own (in-place buffers off cost dlrm's inference step 2.5%).
+    rewrites is Inductor's own (in-place buffers off cost time where no rewrite needs them).
     The key is patched all the same, to its present value, so that a post-grad pass
     that rewrites a graph can turn in-place buffers off for that graph alone
     (:func:`turn_off_inplace_buffers`) and the patch restores them after."""
@@ -74,7 +76,7 @@ def is_dynamo_signal(exc: BaseException) -> bool:
     """Whether ``exc`` is one of Dynamo's control-flow signals rather than a failure.
 
     Dynamo raises ``RestartAnalysis`` (and subclasses such as
-    ``TensorifyScalarRestartAnalysis``, seen from Inductor with ``dynamic=True``)
+    ``TensorifyScalarRestartAnalysis``, raised from within Inductor under ``dynamic=True``)
     to re-trace a frame, and ``SkipFrame`` to run it eagerly. A backend that
     catches them as errors breaks the user's compile; they must propagate.
     """
@@ -101,6 +103,7 @@ def _permute_dims(node: torch.fx.Node) -> list[int] | None:
     """The dims of a ``permute`` node (function or method form), else None."""
     if call_name(node) != "permute":
         return None
+    dims: torch.fx.node.Argument
     if node.op == "call_method":  # x.permute(0, 2, 3, 1) or x.permute([0, 2, 3, 1])
         dims = node.args[1:]
         if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
@@ -109,7 +112,7 @@ def _permute_dims(node: torch.fx.Node) -> list[int] | None:
         dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dims")
     if not isinstance(dims, (list, tuple)) or not dims or not all(isinstance(d, int) for d in dims):
         return None
-    return [d % len(dims) for d in dims]
+    return [cast(int, d) % len(dims) for d in dims]  # all ints, checked above
 
 
 def _feeds_softmax(node: torch.fx.Node, hops: int = 3) -> bool:
@@ -165,7 +168,7 @@ def split_attention_key_permutes(gm: torch.fx.GraphModule) -> int:
 
 def _copy_shape_meta(key: torch.fx.Node, head: torch.fx.Node, first: list[int], tail: torch.fx.Node) -> None:
     """Shape meta for the two new permutes, from the key's input (the cost model reads it)."""
-    infos = node_tensor_infos(key.args[0])
+    infos = node_tensor_infos(cast(torch.fx.Node, key.args[0]))  # the permute's input
     if not infos or len(infos) != 1 or len(infos[0].shape) != len(first):
         return
     src = infos[0]

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import cast
 
 import numpy as np
 import torch
@@ -133,7 +134,7 @@ def _measure_host(
     for family in families:
         for k in plan.ks:
             programs.append(compile_program(host_program(family, k, device, dtype, tag), mode=mode))
-    counts = [p.counts for p in programs]
+    counts = cast(list[Counts], [p.counts for p in programs])  # compiled programs are counted
     if merge_kernels:
         counts = [Counts(c.generated + c.extern, 0, 0, 0) for c in counts]
     say(f"  compiled {len(programs)} host-cost programs{' (' + mode + ')' if mode else ''}; timing")
@@ -200,7 +201,7 @@ def _measure_inputs(
         trained = [compile_program(inputs_program(k, device, dtype, trained=True)) for k in ks]
 
     def step(program: Program) -> Callable[[], None]:
-        params = list(program.fn.parameters())
+        params = list(cast(torch.nn.Module, program.fn).parameters())  # a trained program is a module
 
         def run() -> None:
             with torch.enable_grad():
@@ -269,7 +270,7 @@ def calibrate(
     if device == "cuda" and not torch.cuda.is_available():
         raise CalibrationError("calibrate(device='cuda'): CUDA is not available")
     dtype_str = dtype_name(dtype)
-    dtype = getattr(torch, dtype_str)
+    dtype = cast(torch.dtype, getattr(torch, dtype_str))
     say = progress or (lambda _line: None)
     plan = plan_for(device, quick)
     started = time.perf_counter()
@@ -363,10 +364,13 @@ def _calibrate(
     flops = compile_program(pointwise_flops_program(plan.flops_numel, plan.flops_depth, device, dtype))
     say("  timing bandwidth and pointwise FLOP/s")
     matrix = _timed_matrix([bandwidth, flops], clock, max(5, plan.matmul_rounds), plan.target_s, warmup=2)
+    # both are compiled, so counted
     bandwidth_rate, spread["mem_bandwidth_bytes_per_s"] = _throughput(
-        bandwidth, matrix[:, 0], _host_time(fit, bandwidth.counts)
+        bandwidth, matrix[:, 0], _host_time(fit, cast(Counts, bandwidth.counts))
     )
-    flops_rate, spread["pointwise_flops_per_s"] = _throughput(flops, matrix[:, 1], _host_time(fit, flops.counts))
+    flops_rate, spread["pointwise_flops_per_s"] = _throughput(
+        flops, matrix[:, 1], _host_time(fit, cast(Counts, flops.counts))
+    )
 
     matmul = _matmul_table(plan, device, dtype, clock, say)
     per_input = _measure_inputs(plan, device, dtype, clock, say, costs["alloc_s"])

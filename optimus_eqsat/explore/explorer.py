@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import pandas as pd
 import torch
@@ -32,7 +32,7 @@ from optimus_eqsat.explore.rules import RuleInfo, catalogue, without_rules
 from optimus_eqsat.explore.steering import Steering
 from optimus_eqsat.explore.terms import TermIndex, class_names, expression, node_text
 from optimus_eqsat.explore.verify import ExportMismatch, check_same
-from optimus_eqsat.extract.egraph import ExtractionError, dag_cost
+from optimus_eqsat.extract.egraph import Extraction, ExtractionError, dag_cost
 from optimus_eqsat.extract.fx_cost import predict_kernels
 from optimus_eqsat.fx_graphs import op_count
 from optimus_eqsat.rebuild import propagate_meta, rebuild
@@ -42,7 +42,7 @@ from optimus_eqsat.translate import NodeStatus
 
 __all__ = ["Explorer", "SteeringError", "ExportMismatch"]
 
-Target = "int | str | fx.Node"
+Target: TypeAlias = "int | str | fx.Node"
 
 
 class SteeringError(ValueError):
@@ -92,7 +92,7 @@ class Explorer:
         self.run.saturate()
         self.run.extract()
         self.default = self.run.extraction
-        self.steered = None
+        self.steered: Extraction | None = None
         self.steered_extractor: str | None = None
         self._graphs: dict[str, fx.GraphModule] = {}
         self._kernels: dict[str, list] = {}
@@ -138,7 +138,8 @@ class Explorer:
     @cached_property
     def originals(self) -> dict[tuple[int, int], list[str]]:
         """(class, node index) of every loaded FX term -> the FX node names."""
-        t, out = self.run.translation, {}
+        t = self.run.translation
+        out: dict[tuple[int, int], list[str]] = {}
         for i in range(len(t.gm.graph.nodes)):
             found = (
                 self.terms.original_enode(i)
@@ -174,10 +175,10 @@ class Explorer:
             raise KeyError(f"{target!r} ({status}) has no e-class")
         return self.egraph.class_of_id[i]
 
-    def _node_index(self, c: int, node: int | str, target: Target = None) -> int:
+    def _node_index(self, c: int, node: int | str, target: Target | None = None) -> int:
         if node == "original":
             if isinstance(target, (str, fx.Node)):
-                own = self.terms.original_enode(self._fx_index(getattr(target, "name", target)))
+                own = self.terms.original_enode(self._fx_index(cast(str, getattr(target, "name", target))))
                 if own is None:
                     raise KeyError(f"the term loaded for {target!r} is no longer in the e-graph")
                 return own[1]
@@ -281,7 +282,7 @@ class Explorer:
                     "chosen": self._text(c, choice) if k is not None else "(absorbed)",
                     "changed": changed,
                     "alternatives": sum(1 for m in self.egraph.classes[c] if m.ctor in EMITTED),
-                    "candidate_rules": ", ".join(self._candidates(c, node, k)[:4])
+                    "candidate_rules": ", ".join(self._candidates(c, node, cast(int, k))[:4])  # node: k is set
                     if node is not None and changed
                     else "",
                 }
@@ -401,7 +402,7 @@ class Explorer:
         if which == "original":
             return self.gm
         if which not in self._graphs:
-            ext = self.default if which == "default" else self.steered
+            ext = cast(Extraction, self.default if which == "default" else self.steered)  # _which: steered is set
             gm = rebuild(self.run.translation, self.egraph, ext.choice)
             propagate_meta(gm, self.example_inputs)
             self._graphs[which] = gm
@@ -507,7 +508,7 @@ class Explorer:
         ``optimize_graph`` it never falls back to the original.
         """
         which = self._which("current")
-        ext = self.default if which == "default" else self.steered
+        ext = cast(Extraction, self.default if which == "default" else self.steered)  # _which: steered is set
         gm = rebuild(self.run.translation, self.egraph, ext.choice)
         propagate_meta(gm, self.example_inputs)
         if verify:
@@ -587,7 +588,7 @@ class Replacement:
         )
 
     def _repr_html_(self) -> str:
-        rows = [
+        rows: list[list[object]] = [
             ["original", self.original],
             ["chosen", self.chosen],
             ["chosen e-node", self.chosen_node or "-"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -48,7 +49,7 @@ def matches_frame(sat: SaturationReport) -> pd.DataFrame:
     return frame[sorted(frame.columns, key=lambda r: -frame[r].sum())]
 
 
-def rules_frame(sat: SaturationReport, catalogue: dict[str, RuleInfo], banned: set[str] = frozenset()) -> pd.DataFrame:
+def rules_frame(sat: SaturationReport, catalogue: dict[str, RuleInfo], banned: Set[str] = frozenset()) -> pd.DataFrame:
     """One row per rule: family, matches, seconds, what it builds; sorted by matches."""
     names = set(catalogue) | set(sat.rule_matches) | set(sat.rule_seconds) | set(banned)
     rows = []

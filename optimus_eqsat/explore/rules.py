@@ -9,6 +9,7 @@ a static over-approximation, not a proof (see :mod:`.explorer`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from optimus_eqsat.rewrites import RuleSet
 from optimus_eqsat.sexpr import heads, keyword, read_forms
@@ -89,7 +90,7 @@ def without_rules(ruleset: RuleSet, banned: set[str]) -> RuleSet:
     for start, end in cuts:
         pieces.append(text[last:start])
         pieces.append(
-            f";; (banned by the explorer: {keyword(next(f.value for f in read_forms(text[start:end])), ':name')})"
+            f";; (banned by the explorer: {keyword(next(cast(list, f.value) for f in read_forms(text[start:end])), ':name')})"
         )
         last = end
     pieces.append(text[last:])

@@ -126,7 +126,8 @@ def expression(
 
 
 def _list_members(egraph: ExportedEGraph, node: TermNode, choice: dict[int, int]) -> tuple[list[int], bool]:
-    members, more = [], False
+    members: list[int] = []
+    more = False
     while node.ctor == "TCons":
         head, tail = node.args
         if len(members) == MAX_LIST_SHOWN:

@@ -50,6 +50,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -204,7 +205,7 @@ def _grouped_linear_impl(
         # The kernel works on 2-D [M, K] views with any strides; reshape only
         # copies when the leading dims cannot be flattened as a view.
         x2 = [_as_2d(xs[i]) for i in idx]
-        b1 = [None if bs[i] is None else bs[i].contiguous() for i in idx]
+        b1 = [None if bs[i] is None else cast(torch.Tensor, bs[i]).contiguous() for i in idx]
         ys = impl.grouped_linear_triton(x2, [ws[i] for i in idx], b1)
         for i, y in zip(idx, ys):
             out[i] = y.view(_out_shape(xs[i], ws[i]))

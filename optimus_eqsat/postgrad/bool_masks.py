@@ -6,8 +6,7 @@ byte an element) next to ``relu_out`` itself, which the backward of the next mat
 needs anyway. On the CPU that choice is slow: Inductor's C++ kernels store bool
 tensors through a vector-mask conversion that costs tens of times a float store
 (torch 2.13), so a training forward with many ReLUs can spend a fifth of its step
-writing masks. Reading a mask is cheap; writing it
-is not.
+writing masks. Reading a mask is cheap; writing it is not.
 
 :class:`RecomputeMasks` is a joint-graph pass (Inductor's ``joint_custom_post_pass``,
 before the partition): it marks such a mask ``MUST_RECOMPUTE`` when every tensor it
@@ -17,9 +16,9 @@ more bytes than before and the backward's fused kernel recomputes the mask from 
 it reads anyway. A mask of a piece of a concatenation the backward reads (the
 experts' outputs stacked for a gate) is recomputed from that slice of the
 concatenation; the backward then holds the concatenation longer, which can raise its
-peak (mmoe training at batch 2048: 1.18x), so the measured choice's memory rule
-decides. Masks of anything else (a dropout's random numbers, say) stay saved:
-recomputing those would save four bytes where one was.
+peak memory, so the measured choice's memory rule decides. Masks of anything else (a
+dropout's random numbers, say) stay saved: recomputing those would save four bytes
+where one was.
 
 Only graphs on the CPU are touched; Triton stores bool tensors at full speed. The
 backend installs the pass around its own compile (``recompute_masks=True``). Masks
@@ -32,7 +31,8 @@ is in the program).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -95,7 +95,8 @@ def _piece_of_saved_cat(node: torch.fx.Node, backward: set[torch.fx.Node]) -> tu
             or not _read_by_backward(user, backward)
         ):
             continue
-        pieces, dim = user.args[0], (user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0))
+        pieces = cast(Sequence[torch.fx.node.Argument], user.args[0])
+        dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
         value = _value(user)
         dim = dim % value.dim()
         start = 0
@@ -158,7 +159,7 @@ def recomputable_masks(graph: torch.fx.Graph, sliced: list[torch.fx.Node] | None
         }
         if not sources or any(piece is None or _depends_on(piece[0], node, position) for piece in pieces.values()):
             continue  # (a cat computed from the mask itself cannot be read to compute it)
-        for arg, (cat, dim, start, end) in pieces.items():
+        for arg, (cat, dim, start, end) in cast(dict[torch.fx.Node, tuple], pieces).items():  # no None left
             with graph.inserting_before(node):
                 piece = graph.call_function(torch.ops.aten.slice.Tensor, (cat, dim, start, end))
             piece.meta["val"] = _value(arg)

@@ -35,13 +35,15 @@ def aot_eager_with_pass(
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
 
-    def compiler(graph_module: torch.fx.GraphModule, _inputs: Any) -> Callable:
+    # named as AOTAutograd's compiler protocol (AOTDispatchCompiler) names them: ``gm`` here is
+    # the aten graph AOTAutograd made, not the module it was made from
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         if graph_pass is not None:
-            graph_pass(graph_module.graph)
-            graph_module.recompile()
+            graph_pass(gm.graph)
+            gm.recompile()
         if seen is not None:
-            seen.append(graph_module)
-        return make_boxed_func(graph_module.forward)
+            seen.append(gm)
+        return make_boxed_func(gm.forward)
 
     return aot_module_simplified(
         gm,

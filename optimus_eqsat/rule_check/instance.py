@@ -11,6 +11,8 @@ actions' new terms are evaluated the same way, and an error there is the rule's.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from optimus_eqsat.rule_check.logic import Call, Goal, Lit, Node, Var
@@ -57,8 +59,8 @@ class Instance:
                 v = self._draw(t, hint)
             elif isinstance(t, Node):
                 v = self._node(t, matched, hint)
-            else:
-                v = self._call(t, matched, hint)
+            else:  # the goal's terms are literals, variables, nodes and calls
+                v = self._call(cast(Call, t), matched, hint)
         finally:
             self._busy.discard(key)
         self.values[key] = v
@@ -76,7 +78,7 @@ class Instance:
     def _node(self, node: Node, matched: bool, outer: tuple | None) -> object:
         ctor = node.ctor
         if ctor in ("Id", "Leaf"):  # names of values: one tensor per index (Id i and Leaf i name one value)
-            i = self.value(node.args[0], matched, (ctor, "i", [], None))
+            i = cast(int, self.value(node.args[0], matched, (ctor, "i", [], None)))
             if i not in self.leaves:
                 self.leaves[i] = self.space.tensor(self.space.shape())
             return self.leaves[i]
@@ -93,11 +95,11 @@ class Instance:
         if not isinstance(x, TV):
             raise Invalid("Slice of a non-tensor")
         shape = tuple(x.value.shape)
-        d = self.value(d_t, matched, ("Slice", "dim", [x], None))
+        d = cast(int, self.value(d_t, matched, ("Slice", "dim", [x], None)))
         n = shape[d] if 0 <= d < len(shape) else 0
         if self._free(a_t) or self._free(b_t):
-            a = None if self._free(a_t) else self.value(a_t, matched)
-            b = None if self._free(b_t) else self.value(b_t, matched)
+            a = None if self._free(a_t) else cast(int, self.value(a_t, matched))
+            b = None if self._free(b_t) else cast(int, self.value(b_t, matched))
             a, b = self.space.bounds(n, a, b)
             for t, v in ((a_t, a), (b_t, b)):
                 self.values.setdefault(id(self.goal.resolve(t)), v)
@@ -171,7 +173,7 @@ class Instance:
         while isinstance(t, Node) and t.ctor in ("TCons", "LAppend", "MapUnary") and id(t) not in self.values:
             t = self.goal.resolve(t.args[1])
         if isinstance(t, Node) and t.ctor == "TNil" and id(t) not in self.values:
-            return self.value(t.args[0], matched, hint)
+            return cast(int, self.value(t.args[0], matched, hint))
         lst = self.value(t, matched)
         if not isinstance(lst, ListVal):
             raise Invalid("ldim of a non-list")

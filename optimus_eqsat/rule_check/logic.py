@@ -18,6 +18,7 @@ import itertools
 import random
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 from optimus_eqsat.rule_check.meaning import PRIMITIVES, NotCheckable
 from optimus_eqsat.rule_check.program import SEMANTIC_FUNCTIONS, Derivation, Program
@@ -171,6 +172,7 @@ class Solver:
             if isinstance(var, Var) and var.sort is None:
                 var.sort = sort
             return var
+        sexpr = cast(list, sexpr)  # not an atom: a list
         if not sexpr or not isinstance(sexpr[0], str):
             raise NotCheckable(f"cannot read {sexpr!r}")
         head, args = sexpr[0], sexpr[1:]
@@ -267,7 +269,7 @@ class Solver:
     def _apply(self, goal: Goal, args: tuple, kind: str, option: object, depth: int) -> bool:
         """Unify a relation atom's ``args`` with a fact, or with a derivation's inserted tuple
         (its variables fresh) and add that derivation's query."""
-        tuple_args = option if kind == "fact" else option.args  # type: ignore[union-attr]
+        tuple_args = cast(tuple, option) if kind == "fact" else cast(Derivation, option).args
         if len(tuple_args) != len(args):
             return False
         scope = Scope(f"#{next(self._fresh)}")
@@ -277,7 +279,7 @@ class Solver:
         if not all(unify(goal, x, y) for x, y in zip(args, inserted)):
             return False
         if kind == "rule":
-            derivation: Derivation = option  # type: ignore[assignment]
+            derivation = cast(Derivation, option)
             return all(self.atom(a, scope, goal, depth) for a in derivation.query)
         return True
 

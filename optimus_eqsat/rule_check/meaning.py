@@ -24,6 +24,7 @@ import operator
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -106,13 +107,13 @@ def _scalar_fn(key: str) -> Callable:
         return lambda x, c: operator.truediv(c, x)
     if key == RPOW:
         return lambda x, c: operator.pow(c, x)
-    target = OP_KEYS[key].target
+    target = cast(Callable, OP_KEYS[key].target)  # only the reversed keys above have a str target
     return lambda x, c: target(x, c)
 
 
 NAMED_OPS: dict[str, dict[str, OpMeaning]] = {
     "Unary": {NEG: OpMeaning(NEG, torch.neg)},
-    "Binary": {k: OpMeaning(k, OP_KEYS[k].target) for k in (*BINARY_KEYS, RSUB)},
+    "Binary": {k: OpMeaning(k, cast(Callable, OP_KEYS[k].target)) for k in (*BINARY_KEYS, RSUB)},
     "Scalar": {k: OpMeaning(k, _scalar_fn(k)) for k in SCALAR_KEYS},
     "Op1": {},
     "Op2": {
@@ -214,7 +215,8 @@ def _scale(
                 exact, scale = None, 0
                 for i, tv in enumerate(operands):
                     tangents = tuple(tv.scale if j == i else torch.zeros_like(x) for j, x in enumerate(x64))
-                    exact, tangent = torch.func.jvp(fn, x64, tangents)
+                    # without has_aux, jvp returns (output, jvp_out)
+                    exact, tangent = cast(tuple[Any, Any], torch.func.jvp(fn, x64, tangents))
                     scale = scale + tangent.abs()
                 exact = fn(*x64) if exact is None else exact
                 scale = exact.abs() + scale
@@ -231,8 +233,8 @@ def _scale(
 
 def _call(op: str, target: object, args: tuple) -> torch.Tensor:
     if op == "call_method":
-        return getattr(args[0], target)(*args[1:])  # type: ignore[arg-type]
-    return target(*args)  # type: ignore[operator]
+        return getattr(args[0], cast(str, target))(*args[1:])
+    return cast(Callable, target)(*args)
 
 
 def _check_view(ctor: str, x: torch.Tensor, fields: list) -> None:
@@ -253,9 +255,10 @@ def apply_view(ctor: str, x: TV, fields: list) -> TV:
     info = CTORS[ctor]
     _check_view(ctor, x.value, fields)
     term = info.cls(None, *fields)
+    hook = cast(Callable[..., tuple[str, object, tuple]], info.fx)  # a view constructor has its fx hook
     try:
-        value = _call(*info.fx(term, x.value))
-        scale = _call(*info.fx(term, x.scale))
+        value = _call(*hook(term, x.value))
+        scale = _call(*hook(term, x.scale))
     except Exception as exc:
         raise Invalid(f"{ctor}: {_first_line(exc)}") from None
     return TV(value, scale)
@@ -304,7 +307,7 @@ def apply_ctor(ctor: str, args: list, matched: bool) -> object:
 def _list(items: tuple, dim: int, checked: tuple = ()) -> ListVal:
     """A list whose members (``items``; ``checked`` already are) concatenate along ``dim``:
     one rank above ``dim``, equal sizes but along it."""
-    first = items[0].value if items else None
+    first: Any = items[0].value if items else None  # read only in the loop over items
     for item in items:
         t = item.value
         if (

@@ -130,9 +130,9 @@ class Program:
             mine = self.facts.setdefault(name, [])
             mine.extend(f for f in facts if f not in mine)  # facts are small tuples of atoms
         for name, derivations in other.derivations.items():
-            mine = self.derivations.setdefault(name, [])
-            seen = {(d.text, repr(d.args)) for d in mine}
-            mine.extend(d for d in derivations if (d.text, repr(d.args)) not in seen)
+            known = self.derivations.setdefault(name, [])
+            seen = {(d.text, repr(d.args)) for d in known}
+            known.extend(d for d in derivations if (d.text, repr(d.args)) not in seen)
 
 
 def _reads(atom: object, program: Program) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import cast
 
 import torch
 
@@ -114,13 +115,15 @@ class SampleSpace:
             if start is None and end is None:
                 start = self.unit * rng.randint(0, (n - 1) // self.unit)
             if start is None:
-                return max(end - width, 0), end  # type: ignore[operator]
+                end = cast(int, end)  # given, since start is not
+                return max(end - width, 0), end
             return start, min(start + width, max(n, start))
         if start is None and end is None:
             start = rng.randint(0, n - 1)
             return start, rng.randint(start + 1, n)
         if start is None:
-            return rng.randint(0, max(end, 0)), end  # type: ignore[arg-type]
+            end = cast(int, end)  # given, since start is not
+            return rng.randint(0, max(end, 0)), end
         return start, rng.randint(start, max(start, n))
 
     # ---------------------------------------------------------------- values
