@@ -128,7 +128,7 @@ class OptimizationRun:
         rulesets: Sequence[rewrites.RuleSet] | None = None,
     ):
         self.gm, self.example_inputs = gm, example_inputs
-        self.batches = None
+        self.batches: rewrites.batching.Batches | None = None
         self.options = options or OptimizeOptions()
         self.rulesets = None if rulesets is None else list(rulesets)
         self.report = report or OptimizeReport(nodes_before=op_count(gm))
@@ -253,6 +253,7 @@ class OptimizationRun:
         than ``min_gain``); None when it is."""
         report, min_gain = self.report, self.options.min_gain
         before, after = report.cost_before, report.cost_after
+        assert before is not None and after is not None  # (finish predicted both)
         if (report.launches_after, after) == (report.launches_before, before):
             return None  # predicted alike: unchanged, not a fallback
         if after > before * (1 + 1e-9):
@@ -268,6 +269,7 @@ class OptimizationRun:
 
     def group_moves(self) -> list[GroupMove]:
         """For every batch group: each member's choice of its slice of the batched term."""
+        assert self.batches is not None, "group moves need a run with batching"
         return batch_group_moves(self.egraph, self.batches.groups, lambda i: self.translation.nodes[i].name)
 
     def finish(self) -> torch.fx.GraphModule:
@@ -276,6 +278,7 @@ class OptimizationRun:
         # With refine, candidates are compared on cheap builds (e-graph shapes, no fake
         # tensors: most of a build's time); only the winner gets full meta.
         refine = opts.refine_batches and self.batches is not None
+        result: torch.fx.GraphModule | None
         with phase(report, "rebuild"):
             result = self.build(meta=not refine)
         with phase(report, "verify"):

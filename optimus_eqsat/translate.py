@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -284,7 +285,7 @@ def _random(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 class Translator:
     """Builds a :class:`Translation` for one GraphModule."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: tuple | list | None = None):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None):
         self.gm = gm
         self.nodes = list(gm.graph.nodes)
         self.ids = {n: i for i, n in enumerate(self.nodes)}
@@ -562,6 +563,6 @@ class Translator:
         t.roots = list(roots)
 
 
-def translate(gm: torch.fx.GraphModule, example_inputs: tuple | list | None = None) -> Translation:
+def translate(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> Translation:
     """Translate a GraphModule into egglog facts."""
     return Translator(gm, example_inputs).run()

@@ -134,7 +134,7 @@ class ExampleInputError(ValueError):
     """Example inputs that do not fit the graph (a caller's mistake)."""
 
 
-def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> None:
+def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     """Raise :class:`ExampleInputError` when ``example_inputs`` cannot be the graph's inputs:
     a different count, or a tensor whose shape or dtype differs from the placeholder's meta
     (symbolic sizes match anything)."""
