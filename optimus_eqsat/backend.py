@@ -12,6 +12,7 @@ our own compile.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ import torch.fx
 
 from optimus_eqsat.api import OptimizeOptions, optimize_graph
 from optimus_eqsat.budget import backend_time_limit
+from optimus_eqsat.compile_plan import CompilePlan, PassRecords, mask_patches, post_grad_rewrote
 from optimus_eqsat.ddp_whole_graph import Piece, current_piece, piece_count, piece_mode, sink_input_work
 from optimus_eqsat.ddp_whole_graph import install as install_ddp_whole_graph
 from optimus_eqsat.fx_graphs import copy_module, op_count
@@ -46,7 +48,7 @@ log = logging.getLogger("optimus_eqsat")
 BACKEND_MIN_GAIN = 0.01
 
 
-def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Callable]:
+def make_backend(**options: Any) -> OptimusBackend:
     """A backend with :func:`optimize_graph` options, e.g. ``make_backend(extractor="greedy")``.
 
     Unless ``time_limit_s`` is given, each graph's optimization gets a budget that grows with
@@ -97,175 +99,201 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
       follow every write to them (:mod:`optimus_eqsat.parameter_cache`; the optimizer prices
       it so). ``report.parameter_packs`` counts those stacks.
     """
-    own, options = BackendOptions.split(options)
-    use_inductor, inductor_config, measure, budget_s = (
-        own.inductor,
-        own.inductor_config,
-        own.measure,
-        own.measure_budget_s,
-    )
-    memory_slack, pre_grad, post_grad, recompute_masks = (
-        own.memory_slack,
-        own.pre_grad,
-        own.post_grad,
-        own.recompute_masks,
-    )
-    whole_ddp_graph = own.whole_ddp_graph
-    options.setdefault("cached_parameters", own.cache_parameters)
-    scaled_budget = "time_limit_s" not in options  # the default budget grows with each graph
-    options.setdefault("raise_on_error", False)  # never crash inside a user's compile
-    # A predicted gain under 1% is within the model's error and below the measured choice's
-    # margin: the original graph, compiled once, serves better (OptimizeOptions.min_gain).
-    options.setdefault("min_gain", BACKEND_MIN_GAIN)
-    # A caller's mistake (an unknown option, a missing or broken rule file) is an error
-    # here, when the backend is made, not later inside the user's compile.
-    OptimizeOptions.from_kwargs(**options)
+    own, graph_options = BackendOptions.split(options)
+    return OptimusBackend(own, graph_options)
 
-    post_reports: list[tuple[str, OptimizeReport]] = []
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        with _compile_scope(inductor_config, measure and _fake_first_call()):
+class OptimusBackend:
+    """A ``torch.compile`` backend made by :func:`make_backend`: its options are fixed when
+    made; each graph's compile decides a :class:`~.compile_plan.CompilePlan` once.
+
+    ``reports`` holds the pre-grad pass's report of every compile (with the measured
+    choice's result once the first call decided it), ``post_grad_reports`` the post-grad
+    pass's as (role, report). ``whole_ddp_graph`` is the hook :mod:`.ddp_whole_graph` calls
+    under DDP, or None when that is off."""
+
+    def __init__(self, own: BackendOptions, options: dict[str, Any]):
+        self.own = own
+        options.setdefault("cached_parameters", own.cache_parameters)
+        self.scaled_budget = "time_limit_s" not in options  # the default budget grows with each graph
+        options.setdefault("raise_on_error", False)  # never crash inside a user's compile
+        # A predicted gain under 1% is within the model's error and below the measured choice's
+        # margin: the original graph, compiled once, serves better (OptimizeOptions.min_gain).
+        options.setdefault("min_gain", BACKEND_MIN_GAIN)
+        # A caller's mistake (an unknown option, a missing or broken rule file) is an error
+        # here, when the backend is made, not later inside the user's compile.
+        OptimizeOptions.from_kwargs(**options)
+        self.options = options
+        self.reports: list[OptimizeReport] = []
+        self.post_grad_reports: list[tuple[str, OptimizeReport]] = []
+        self.whole_ddp_graph: Callable[..., Callable] | None = (
+            self.compile_whole_ddp_graph if own.whole_ddp_graph and install_ddp_whole_graph() else None
+        )
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        with _compile_scope(self.own.inductor_config, self.own.measure and _fake_first_call()):
             piece = current_piece()
             if piece is Piece.ORIGINAL:
-                return _inductor(inductor_config)(gm, example_inputs)
+                return self._compile_fx()(gm, example_inputs)
             if piece is Piece.OPTIMIZED:
-                return compile_optimized_piece(gm, example_inputs)
-            return compile_with_us(gm, example_inputs, run_pre_grad=pre_grad and piece is None)
+                return self.compile_optimized_piece(gm, example_inputs)
+            return self.compile_with_us(gm, example_inputs, run_pre_grad=self.own.pre_grad and piece is None)
 
-    decision_options = (use_inductor, inductor_config, budget_s, memory_slack, pre_grad, post_grad, recompute_masks)
+    def _compile_fx(self) -> Callable:
+        """Inductor's ``compile_fx`` with the user's config (a compile the first call runs,
+        after :func:`_compile_scope` is gone, gets it too)."""
+        return _inductor(self.own.inductor_config)
 
-    def graph_options_for(gm: torch.fx.GraphModule) -> dict[str, Any]:
-        return {**options, "time_limit_s": backend_time_limit(op_count(gm))} if scaled_budget else options
+    def graph_options_for(self, gm: torch.fx.GraphModule) -> dict[str, Any]:
+        """:func:`optimize_graph`'s options for ``gm``: the budget scaled to its size unless
+        the caller gave one."""
+        if self.scaled_budget:
+            return {**self.options, "time_limit_s": backend_time_limit(op_count(gm))}
+        return self.options
 
     def decision_for(
-        gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_options: dict[str, Any], context: str = ""
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], graph_options: dict[str, Any], context: str = ""
     ) -> tuple[str | None, StoredDecision | None]:
         """The key of the measured choice on ``gm`` (in ``context``: "ddp" times programs cut at
         DDP's buckets), and what an earlier process decided there."""
+        own = self.own
+        decision_options = (
+            own.inductor,
+            own.inductor_config,
+            own.measure_budget_s,
+            own.memory_slack,
+            own.pre_grad,
+            own.post_grad,
+            own.recompute_masks,
+        )
         key = (
             _decision_key(gm, example_inputs, graph_options, (*decision_options, context))
-            if measure and use_inductor
+            if own.measure and own.inductor
             else None
         )
         return key, load_decision(key)
 
-    def from_stored_decision(original: torch.fx.GraphModule, stored: StoredDecision) -> OptimizeReport:
+    def from_stored_decision(self, original: torch.fx.GraphModule, stored: StoredDecision) -> OptimizeReport:
+        """The report of a compile an earlier process's measured choice decided."""
         report = _report_of_decision(original, stored)
-        backend.reports.append(report)
+        self.reports.append(report)
         _log_report(report)
         return report
 
-    def compile_with_us(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], run_pre_grad: bool) -> Callable:
+    def compile_with_us(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], run_pre_grad: bool) -> Callable:
+        """Dynamo's graph through our pre-grad pass (``run_pre_grad``), then Inductor with our
+        post-grad and mask passes, behind the measured choice unless an earlier process decided."""
+        own = self.own
         # Inductor's passes edit the graph they compile: the original is compiled from a copy.
         original = copy_module(gm)
         optimized, report = gm, None
-        graph_options = graph_options_for(gm)
-        decision, stored = decision_for(gm, example_inputs, graph_options)
+        graph_options = self.graph_options_for(gm)
+        decision, stored = self.decision_for(gm, example_inputs, graph_options)
         if stored is not None and stored.kept != "optimized":  # an earlier process measured it
-            from_stored_decision(original, stored)
-            return _inductor(inductor_config)(
+            self.from_stored_decision(original, stored)
+            return self._compile_fx()(
                 original, example_inputs, **({"config_patches": mask_patches()} if stored.kept == "masked" else {})
             )
         if run_pre_grad:
             optimized = optimize_graph(gm, example_inputs, **graph_options)
             report = optimized.meta.get("optimus_eqsat")
             if report is not None:
-                backend.reports.append(report)
-        if not use_inductor:
+                self.reports.append(report)
+        if not own.inductor:
             _log_report(report)
             return optimized
-        # (a compile the first call runs, after this patch is gone, gets the config too)
-        compile_fx = _inductor(inductor_config)
-        pre_changed = report is not None and not report.fell_back and report.changed
-        if not pre_changed and not post_grad and not recompute_masks:
+        compile_fx = self._compile_fx()
+        rewritten = report is not None and not report.fell_back and report.changed
+        if not rewritten and not own.post_grad and not own.recompute_masks:
             _log_report(report)
             return compile_fx(original, example_inputs)
-        program = optimized if pre_changed else copy_module(original)
+        program = optimized if rewritten else copy_module(original)
         if report is None:  # pre_grad=False: the report of this compile holds the measurement
             report = OptimizeReport(nodes_before=op_count(original), nodes_after=op_count(original))
-            backend.reports.append(report)
-        mine: list[tuple[str, OptimizeReport]] = []  # this compile's post-grad reports
-        masks: list[int] = []  # masks this compile's joint graphs recompute
-        sliced: list[int] = []  # of those, masks read from a slice of a concatenation (memory risk)
-        # The forward's aten graph of a program the pre-grad pass rewrote is that program
-        # decomposed: across the zoo (both modes, batch 256) its post-grad pass never kept a
-        # rewrite and cost up to 1.6 s (ple inference). The backward, which autograd wrote, is
-        # still optimized.
-        roles = ("backward",) if pre_changed else ("forward", "backward")
-        patches = {
-            **(post_grad_patches(graph_options, post_reports, mine, roles=roles) if post_grad else {}),
-            **(mask_patches(masks, sliced=[sliced]) if recompute_masks else {}),
-        }
-        # (under Inductor's freezing, Inductor folds that work itself)
-        cache = pre_changed and options["cached_parameters"] and report.mode == "inference" and not freezing_enabled()
-        patches = {**inductor_patches(pre_changed), **patches}
+            self.reports.append(report)
+        plan = CompilePlan.decide(
+            rewritten=rewritten,
+            post_grad=own.post_grad,
+            recompute_masks=own.recompute_masks,
+            cache_parameters=self.options["cached_parameters"]
+            and report.mode == "inference"
+            and not freezing_enabled(),
+            measure=own.measure and stored is None,
+        )
+        records = PassRecords()  # what this compile's passes record
         start = time.perf_counter()
-        compiled = _compile_program(compile_fx, program, example_inputs, report, patches, cache)
+        compiled = _compile_program(
+            compile_fx,
+            program,
+            example_inputs,
+            report,
+            plan.patches(graph_options, self.post_grad_reports, records=records),
+            plan.cache_parameters,
+        )
         report.inductor_seconds = time.perf_counter() - start
         if compiled is None:
             return compile_fx(original, example_inputs)
-        report.recomputed_masks = sum(masks)  # (the joint graph is partitioned in the forward's compile)
+        report.recomputed_masks = sum(records.masks)  # (the joint graph is partitioned in the forward's compile)
         if stored is not None:  # an earlier process measured this program faster
             report.measured, report.from_cache = stored.measured, True
-        if (not measure or stored is not None) and isinstance(compiled, CachedParameterWork) and _fake_first_call():
+        if not plan.measure and isinstance(compiled, CachedParameterWork) and _fake_first_call():
             compiled = CompileTimeSafe(compiled)
-        if measure and stored is None:
-            # Unless the pre-grad pass changed the graph, the candidate is the original graph
-            # itself until a post-grad pass rewrites it (the backward's runs on the first call).
-            def post_rewrote(training: bool) -> bool:
-                return post_grad and _post_grad_rewrote(mine, training)
-
-            rewritten = (
-                None
-                if pre_changed
-                else (
-                    lambda training: (recompute_masks and _masks_recomputed(sliced, training)) or post_rewrote(training)
-                )
-            )
-            # Masks recomputed: the original graph with the masks alone, compiled with Inductor's
-            # own settings, is the fallback candidate when ours is not kept. Our passes' rewrites,
-            # and the in-place reuse our programs go without (INDUCTOR_PATCHES), can cost memory
-            # the masks do not (transformer training at 256: 16% more peak memory, the masks
-            # alone 5% less). Without a rewrite of ours besides the masks, our program is that
-            # one: not compiled twice.
-            extra = (
-                {
-                    "masked": Deferred(
-                        lambda: compile_fx(copy_module(original), example_inputs, config_patches=mask_patches()),
-                        wanted=lambda: pre_changed or post_rewrote(True),
-                    )
-                }
-                if any(masks) and not _symbolic(example_inputs)
-                else {}
-            )
+        if plan.measure:
             compiled = _measured(
                 compile_fx,
                 compiled,
                 original,
                 example_inputs,
                 report,
-                budget_s,
-                rewritten,
-                memory_slack,
-                extra,
+                own.measure_budget_s,
+                None if plan.rewritten else functools.partial(plan.pass_rewrote, records),
+                own.memory_slack,
+                self._masked_candidate(original, example_inputs, plan, records),
                 on_decided=lambda result: store_decision(decision, result),
             )
         _log_report(report)
         return compiled
 
-    def compile_optimized_piece(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        """A piece of a program our pre-grad pass rewrote, compiled as :func:`compile_with_us`
-        compiles such a program (the whole program's measured choice covers it)."""
-        compile_fx = _inductor(inductor_config)
-        patches = {
-            **inductor_patches(True),
-            **(post_grad_patches(graph_options_for(gm), post_reports, roles=("backward",)) if post_grad else {}),
-            **(mask_patches() if recompute_masks else {}),
+    def _masked_candidate(
+        self, original: torch.fx.GraphModule, example_inputs: Sequence[Any], plan: CompilePlan, records: PassRecords
+    ) -> dict[str, Deferred]:
+        """The measured choice's third candidate when masks were recomputed: the original graph
+        with the masks alone, compiled with Inductor's own settings, which is the fallback when
+        ours is not kept. Our passes' rewrites, and the in-place reuse our programs go without
+        (INDUCTOR_PATCHES), can cost memory the masks do not (transformer training at 256: 16%
+        more peak memory, the masks alone 5% less). Without a rewrite of ours besides the masks,
+        our program is that one: not compiled twice."""
+        if not any(records.masks) or _symbolic(example_inputs):
+            return {}
+        compile_fx = self._compile_fx()
+
+        def wanted() -> bool:
+            return plan.rewritten or (bool(plan.post_grad_roles) and post_grad_rewrote(records.post_grad, True))
+
+        return {
+            "masked": Deferred(
+                lambda: compile_fx(copy_module(original), example_inputs, config_patches=mask_patches()),
+                wanted=wanted,
+            )
         }
+
+    def compile_optimized_piece(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        """A piece of a program our pre-grad pass rewrote, compiled as :meth:`compile_with_us`
+        compiles such a program (the whole program's measured choice covers it)."""
+        compile_fx = self._compile_fx()
+        plan = CompilePlan.decide(
+            rewritten=True,
+            post_grad=self.own.post_grad,
+            recompute_masks=self.own.recompute_masks,
+            cache_parameters=False,
+            measure=False,
+        )
+        patches = plan.patches(self.graph_options_for(gm), self.post_grad_reports)
         compiled = _compile(compile_fx, gm, example_inputs, OptimizeReport(), patches)
         return compiled if compiled is not None else compile_fx(gm, example_inputs)
 
     def compile_whole_ddp_graph(
+        self,
         split: Callable[[torch.fx.GraphModule], Callable],
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[Any],
@@ -274,21 +302,22 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
         """DDP (:mod:`.ddp_whole_graph`): optimize Dynamo's whole graph, then let DDPOptimizer cut
         the program kept into its buckets (``split``); the measured choice times the optimized
         program's pieces against the original's, both cut, on the first real call."""
-        if not (pre_grad and use_inductor):
+        own = self.own
+        if not (own.pre_grad and own.inductor):
             return split(gm)
-        with _compile_scope(inductor_config, True):
+        with _compile_scope(own.inductor_config, True):
             original = copy_module(gm)
-            graph_options = graph_options_for(gm)
+            graph_options = self.graph_options_for(gm)
             # (the decision compares programs cut at these buckets)
-            decision, stored = decision_for(gm, example_inputs, graph_options, context=f"ddp {buckets}")
+            decision, stored = self.decision_for(gm, example_inputs, graph_options, context=f"ddp {buckets}")
             if stored is not None and stored.kept != "optimized":
-                from_stored_decision(original, stored)
+                self.from_stored_decision(original, stored)
                 with piece_mode(Piece.ORIGINAL):
                     return split(original)
             optimized = optimize_graph(gm, example_inputs, **graph_options)
             report = optimized.meta.get("optimus_eqsat")
             if report is not None:
-                backend.reports.append(report)
+                self.reports.append(report)
             if report is None or report.fell_back or not report.changed:
                 _log_report(report)
                 with piece_mode(Piece.UNCHANGED):  # our post-grad passes, measured per piece
@@ -311,70 +340,25 @@ def make_backend(**options: Any) -> Callable[[torch.fx.GraphModule, Sequence[Any
             if stored is not None:  # an earlier process measured this program faster
                 report.measured, report.from_cache = stored.measured, True
             report.ddp_pieces = (None, piece_count(compiled))  # (the original is cut only to be timed)
-            if measure and stored is None:
+            if own.measure and stored is None:
                 start = time.perf_counter()
                 with piece_mode(Piece.ORIGINAL):
                     baseline = split(copy_module(original))
                 baseline_s = time.perf_counter() - start
                 report.ddp_pieces = (piece_count(baseline), report.ddp_pieces[1])
                 compiled = _measured(
-                    _inductor(inductor_config),
+                    self._compile_fx(),
                     compiled,
                     original,
                     example_inputs,
                     report,
-                    budget_s,
-                    memory_slack=memory_slack,
+                    own.measure_budget_s,
+                    memory_slack=own.memory_slack,
                     baseline=(baseline, baseline_s),
                     on_decided=lambda result: store_decision(decision, result),
                 )
             _log_report(report)
             return compiled
-
-    backend.reports = []  # type: ignore[attr-defined]
-    if whole_ddp_graph and install_ddp_whole_graph():
-        backend.whole_ddp_graph = compile_whole_ddp_graph  # type: ignore[attr-defined]
-    backend.post_grad_reports = post_reports  # type: ignore[attr-defined]
-    return backend
-
-
-def post_grad_patches(
-    options: dict[str, Any],
-    *reports: list[tuple[str, OptimizeReport]],
-    roles: tuple[str, ...] = ("forward", "backward"),
-) -> dict[str, Any]:
-    """Inductor config patches that add our post-grad pass, on the graphs of ``roles``, after
-    any the user installed (``compile_fx`` applies them to its lazily compiled backward too);
-    its reports go to every list in ``reports``. The pass turns in-place buffers off in a
-    graph it rewrites: compile with :func:`~.inductor_compat.inductor_patches` too, which
-    restores them."""
-    from optimus_eqsat.postgrad import PostGradPass
-
-    ours = PostGradPass(turn_off_inplace=True, roles=roles, **options)
-    ours.sinks = list(reports)
-    return _after_theirs("post_grad_custom_pre_pass", ours)
-
-
-def mask_patches(*counts: list[int], sliced: Sequence[list[int]] = ()) -> dict[str, Any]:
-    """Inductor config patches that add :class:`~.postgrad.bool_masks.RecomputeMasks` after
-    any joint-graph pass the user installed; how many masks each joint graph recomputes goes
-    to every list in ``counts``, how many of them read a slice of a concatenation to every
-    list in ``sliced``."""
-    from optimus_eqsat.postgrad.bool_masks import RecomputeMasks
-
-    ours = RecomputeMasks()
-    ours.sinks = list(counts)
-    ours.sliced_sinks = list(sliced)
-    return _after_theirs("joint_custom_post_pass", ours)
-
-
-def _after_theirs(option: str, ours: Any) -> dict[str, Any]:
-    """The patch of Inductor's custom-pass ``option`` that runs ``ours`` after the user's."""
-    from torch._inductor import config
-
-    theirs = getattr(config, option)
-    passes = (*theirs, ours) if isinstance(theirs, (list, tuple)) else (theirs, ours) if theirs else ours
-    return {option: passes}
 
 
 def _compile(
@@ -445,24 +429,6 @@ def _parameter_work(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> 
             raise
         log.info("optimus_eqsat: parameter work not cached (%s)", first_line(exc))
         return None
-
-
-def _post_grad_rewrote(reports: list[tuple[str, OptimizeReport]], training: bool) -> bool:
-    """Whether the post-grad pass spliced a program into a graph of this compile, or may have:
-    a graph it did not see (Inductor's FX graph cache served it, with what the pass wrote
-    when it was compiled) counts as rewritten."""
-    expected = {"forward", "backward"} if training else {"forward"}
-    if not expected <= {role for role, _ in reports}:
-        return True
-    return any(not r.fell_back and r.changed for _, r in reports)
-
-
-def _masks_recomputed(counts: list[int], training: bool) -> bool:
-    """Whether the joint-graph pass marked masks (of the kind ``counts`` counts) in this
-    compile, or may have: in training a joint graph it did not see (a cache served the
-    program) counts as marked. The backend asks it of the masks read from a slice of a
-    concatenation: only those can cost memory, and need the measured choice."""
-    return training and (not counts or any(counts))
 
 
 def _measured(
@@ -572,7 +538,7 @@ class CompileTimeSafe:
 
 
 @contextlib.contextmanager
-def _compile_scope(inductor_config: dict[str, Any], eager_backwards: bool) -> Iterator[None]:
+def _compile_scope(inductor_config: Mapping[str, Any], eager_backwards: bool) -> Iterator[None]:
     """The scope of one of the backend's compiles: the user's Inductor config, and with
     ``eager_backwards`` every backward compiled with its forward. DDPOptimizer's pieces need
     that: Dynamo hands their lazily compiled backwards one per-piece metadata record each, in
@@ -582,13 +548,13 @@ def _compile_scope(inductor_config: dict[str, Any], eager_backwards: bool) -> It
 
     with contextlib.ExitStack() as patches:
         if inductor_config:
-            patches.enter_context(config.patch(inductor_config))
+            patches.enter_context(config.patch(dict(inductor_config)))
         if eager_backwards:
             patches.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
         yield
 
 
-def _inductor(inductor_config: dict[str, Any]) -> Callable:
+def _inductor(inductor_config: Mapping[str, Any]) -> Callable:
     """Inductor's ``compile_fx`` with the user's config (:func:`_with_config`)."""
     from torch._inductor.compile_fx import compile_fx
 
@@ -631,7 +597,7 @@ def _inductor_config(config: dict[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-def _with_config(compile_fx: Callable, config: dict[str, Any]) -> Callable:
+def _with_config(compile_fx: Callable, config: Mapping[str, Any]) -> Callable:
     """``compile_fx`` with ``config`` under its own ``config_patches`` (ours win: they keep
     our programs correct)."""
     if not config:

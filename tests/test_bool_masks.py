@@ -113,7 +113,7 @@ class _Experts(nn.Module):
         return (stacked * torch.sigmoid(self.gate(x))).sum(1)
 
 
-def test_backend_gradients_match_eager_with_masks_recomputed():
+def test_backend_gradients_match_eager_withmasks_recomputed():
     from optimus_eqsat.backend import make_backend
 
     torch.manual_seed(0)
@@ -131,12 +131,12 @@ def test_backend_gradients_match_eager_with_masks_recomputed():
 
 
 def test_unseen_joint_graph_counts_as_recomputed():
-    from optimus_eqsat.backend import _masks_recomputed
+    from optimus_eqsat.compile_plan import masks_recomputed
 
-    assert _masks_recomputed([], training=True)  # a cache served it: may hold recomputed masks
-    assert not _masks_recomputed([0], training=True)
-    assert _masks_recomputed([0, 3], training=True)
-    assert not _masks_recomputed([], training=False)  # inference has no joint graph
+    assert masks_recomputed([], training=True)  # a cache served it: may hold recomputed masks
+    assert not masks_recomputed([0], training=True)
+    assert masks_recomputed([0, 3], training=True)
+    assert not masks_recomputed([], training=False)  # inference has no joint graph
 
 
 def test_dynamic_batch_and_symbolic_cat_are_safe():

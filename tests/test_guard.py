@@ -284,16 +284,16 @@ def test_backend_compiles_once_and_times_nothing_when_no_pass_rewrote(monkeypatc
 
 
 def test_a_graph_the_post_grad_pass_did_not_see_counts_as_rewritten():
-    from optimus_eqsat.backend import _post_grad_rewrote
+    from optimus_eqsat.compile_plan import post_grad_rewrote
     from optimus_eqsat.report import OptimizeReport
 
     kept = OptimizeReport(fell_back=True)
-    assert not _post_grad_rewrote([("forward", kept)], training=False)
-    assert _post_grad_rewrote([], training=False)  # served by Inductor's cache: unknown
-    assert _post_grad_rewrote([("forward", kept)], training=True)  # the backward unseen
-    assert not _post_grad_rewrote([("forward", kept), ("backward", kept)], training=True)
+    assert not post_grad_rewrote([("forward", kept)], training=False)
+    assert post_grad_rewrote([], training=False)  # served by Inductor's cache: unknown
+    assert post_grad_rewrote([("forward", kept)], training=True)  # the backward unseen
+    assert not post_grad_rewrote([("forward", kept), ("backward", kept)], training=True)
     spliced = OptimizeReport(launches_before=3, launches_after=2, cost_before=2.0, cost_after=1.0)
-    assert _post_grad_rewrote([("forward", kept), ("backward", spliced)], training=True)
+    assert post_grad_rewrote([("forward", kept), ("backward", spliced)], training=True)
 
 
 def test_first_call_keeps_the_original_when_timing_fails():
