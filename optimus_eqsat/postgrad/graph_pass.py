@@ -105,11 +105,10 @@ def _module_of(graph: torch.fx.Graph) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), copy)
 
 
-# The ILP's limit on each aten graph. Across the zoo at batch 256 (both modes) the
-# post-grad ILP found its final program within 1 s wherever it mattered (dynamic_schema's
-# training backward: the same program at 1 s as at 3 s, 16 -> 15 launches); past that it
-# proved optimality or found time-only gains the pass then rejects for launching as many
-# kernels (ple's forward: 2.4-3.1 s for 1.6%, 55 -> 55 launches).
+# The ILP's limit on each aten graph. The aten graphs come after the pre-grad pass did the
+# batching, so the post-grad ILP finds its final program early where it matters; past a
+# second it mostly proves optimality, or finds time-only gains the pass then rejects for
+# launching as many kernels.
 POST_GRAD_ILP_SECONDS = 1.0
 
 
@@ -133,8 +132,7 @@ class PostGradPass(CustomGraphPass):
         **options: Any,
     ):
         options.setdefault("raise_on_error", False)
-        # The aten graphs come after the pre-grad pass did the batching; their ILP rarely finds
-        # more than greedy, and spent up to its 8 s on each graph (training at batch 2048).
+        # (the default ILP limit, spent on each of a step's aten graphs, would add seconds to a compile)
         options.setdefault("ilp_time_limit_s", POST_GRAD_ILP_SECONDS)
         OptimizeOptions.from_kwargs(**options)  # a caller's mistake is an error here, not in the compile
         self.options = options

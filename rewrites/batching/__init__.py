@@ -4,8 +4,9 @@ Batching is a multi-pattern over n independent nodes, so it is not an egglog
 rule (pairwise merges would build n^2 terms, subsets 2^n). Instead, after the
 first saturation, candidates are grouped by a fusion key (op, operand shapes,
 constants, dtype), then split greedily into groups whose members do not
-depend on each other (a bitset of candidate ancestors per node), so a group
-never builds a cycle through its own members. Each
+depend on each other (one pass in graph order carrying, per node, the highest
+group of each key among its ancestors: ``candidates.independent_groups``), so a
+group never builds a cycle through its own members. Each
 group gains one batched term over stacked operands, and each member is
 unioned with its slice of that term. Saturation then runs again: the stacks
 cancel against surrounding splits and cats (a stack of slices of one tensor
