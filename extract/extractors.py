@@ -29,19 +29,13 @@ class Extractor(Protocol):
 class AutoExtractor:
     """Greedy always; then the ILP if the pruned graph has <= ``max_ilp_nodes``.
 
-    45,000 e-nodes solved in ~3 s on these machines (docs/ilp.md), so the default
-    size cut-off keeps the ILP within its ``time_limit`` on typical graphs.
-    The ILP gets at most ``max_ilp_seconds`` (default 8) of that limit, and
-    gives up after ``give_up_after_s`` (default 1.5) while its gap is above 0.3
-    (``IlpExtractor``; the check runs at HiGHS's MIP interrupts, which can be
-    seconds apart: 1.5 s makes the demo stop at 1.7 s where 2 s let it run to
-    3.7 s). ple is proven in 1.9-3.9 s. dynamic_schema, which the ILP alone
-    proves in 5.2-5.6 s since the reach rows (docs/ilp.md), is given up at about
-    2 s with a gap of 0.31: its optimum is the greedy program, so auto
-    returns the same program, unproven (bench_extractors.py --models). The
-    demo's gap stays at 0.36 for as long as it was run. With a flat 2 s
-    limit, ple's result depended on the machine's load: predicted 47 or 50
-    launches on the h100 profile.
+    The size cut-off keeps the ILP within its ``time_limit`` on typical graphs (docs/ilp.md
+    has the solve times by size). The ILP gets at most ``max_ilp_seconds`` (default 8) of
+    that limit, and gives up after ``give_up_after_s`` (default 1.5) while its gap is above
+    0.3 (``IlpExtractor``; the check runs at HiGHS's MIP interrupts, which can be seconds
+    apart, so a longer give-up time overshoots by more). A graph whose optimum is greedy's
+    program then returns that program, unproven, instead of spending the limit on the
+    proof; a flat limit made the result depend on the machine's load.
     """
 
     name = "auto"

@@ -11,10 +11,8 @@ loading (or while loading), the run returns the original graph
 
 The reserve grows with the graph: AFTER_S_PER_NODE seconds per FX node. On the
 synthetic generators (benchmarks/synthetic.py) at 10,000 nodes, on a 2-core machine
-shared with other jobs, export, extraction, rebuild and the two predictions took
-0.13 to 1 ms of wall clock per node (view_chain 1.7 s, residual_adds 9.8 s; issue 29's
-swap-halves chain 0.3 ms at 12,500 nodes; a rebuild with fake-tensor meta of an
-unchanged 10,000-node mul_chain 0.5 ms); the constant is near the common case, so a
+shared with other jobs, export, extraction, rebuild and the two predictions take
+0.13 to 1 ms of wall clock per node; the constant is near the common case, so a
 budget holds within about a second on such graphs, not to the millisecond. (The
 translation's time was tried as the gauge: the first optimization in a process pays
 seconds of one-off costs there, and the reserve it implied left small graphs no
