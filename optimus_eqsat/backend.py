@@ -30,7 +30,7 @@ from optimus_eqsat.ddp_whole_graph import install as install_ddp_whole_graph
 from optimus_eqsat.fx_graphs import copy_module, op_count
 from optimus_eqsat.fxvocab.symbolic import symbolic_value
 from optimus_eqsat.guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
-from optimus_eqsat.inductor_compat import first_line, inductor_patches, is_dynamo_signal
+from optimus_eqsat.inductor_compat import first_line, inductor_patches, is_dynamo_signal, lifted_float_inputs
 from optimus_eqsat.objective import freezing_enabled
 from optimus_eqsat.parameter_cache import (
     CachedParameterWork,
@@ -194,7 +194,16 @@ class OptimusBackend:
             return self._compile_fx()(
                 original, example_inputs, **({"config_patches": mask_patches()} if stored.kept == "masked" else {})
             )
-        if run_pre_grad:
+        lifted = lifted_float_inputs(gm) if run_pre_grad and own.inductor else []
+        if lifted:  # Inductor restarts this trace: optimizing it would be wasted work
+            report = OptimizeReport(nodes_before=op_count(gm), nodes_after=op_count(gm))
+            report.fall_back(
+                f"Dynamo lifted float attributes to tensor inputs ({', '.join(lifted[:4])}"
+                f"{', ...' if len(lifted) > 4 else ''}): Inductor re-traces the graph with them "
+                "specialized, and that graph is optimized"
+            )
+            self.reports.append(report)
+        elif run_pre_grad:
             optimized = optimize_graph(gm, example_inputs, **graph_options)
             report = optimized.meta.get("optimus_eqsat")
             if report is not None:

@@ -87,6 +87,26 @@ def is_dynamo_signal(exc: BaseException) -> bool:
     return isinstance(exc, (RestartAnalysis, SkipFrame))
 
 
+def lifted_float_inputs(gm: torch.fx.GraphModule) -> list[str]:
+    """Placeholders that are float attributes Dynamo lifted to 0-d float64 tensor inputs,
+    read back with ``.item()`` (a norm's momentum or eps, a dropout's p, under
+    ``dynamic=True`` with Dynamo's default ``specialize_float=False``). Inductor restarts the
+    trace of such a graph with those floats specialized (``TensorifyScalarRestartAnalysis``),
+    so the backend optimizes the restarted graph, not this one."""
+    names = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if (
+            isinstance(value, torch.Tensor)
+            and value.dim() == 0
+            and value.dtype == torch.float64
+            and node.users
+            and all(user.op == "call_method" and user.target == "item" for user in node.users)
+        ):
+            names.append(node.name)
+    return names
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """``Type: first line of the message`` (the type alone for an empty message)."""
     lines = str(exc).strip().splitlines()

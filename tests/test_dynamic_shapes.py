@@ -409,3 +409,56 @@ def test_a_squared_symbolic_size_is_written_as_a_product():
     for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * max(1.0, w.abs().max().item()))
     assert not any(r.fell_back for r in backend.reports), [r.fallback_reason for r in backend.reports]
+
+
+class EmbeddedMLP(nn.Module):
+    """Embeddings in a ModuleDict, then Linear -> BatchNorm1d -> ReLU: under dynamic=True with
+    Dynamo's default floats, the embeddings' norm_type and the norm's momentum and eps reach
+    the graph as 0-d float64 inputs read with ``.item()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.ModuleDict({f"f{i}": nn.Embedding(50, 8) for i in range(3)})
+        self.mlp = nn.Sequential(nn.Linear(24, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, ids):
+        return self.mlp(torch.cat([table(ids[:, k]) for k, table in enumerate(self.embed.values())], 1))
+
+
+def test_floats_dynamo_lifted_to_tensors_run_through_the_shape_run():
+    """Inside a compile (fake inputs) the run for shapes used to fail at their ``.item()`` (a
+    data-dependent value of a fake tensor), and a graph with any node short of meta fell back;
+    the value is the symbolic scalar Dynamo traced."""
+    from optimus_eqsat.fxvocab.meta import record_shapes
+    from optimus_eqsat.inductor_compat import lifted_float_inputs
+
+    recorded = []
+
+    def shape_run(gm, example_inputs):
+        assert len(lifted_float_inputs(gm)) == 5  # three norm_types, the norm's momentum and eps
+        recorded.append(record_shapes(gm, example_inputs))
+        return gm
+
+    with torch._dynamo.config.patch(specialize_float=False):
+        torch._dynamo.reset()
+        torch.compile(EmbeddedMLP(), backend=shape_run, dynamic=True)(torch.randint(0, 50, (32, 3)))
+    (seen,) = recorded
+    assert any(tuple(v.shape[1:]) == (16,) for v in seen.values() if isinstance(v, torch.Tensor))
+
+
+def test_the_backend_leaves_a_graph_with_lifted_floats_to_inductors_restart():
+    """On the Inductor path such a graph is re-traced with the floats specialized: the backend
+    declines it at once (optimizing it would be wasted) and says why."""
+    from optimus_eqsat.backend import OptimusBackend
+
+    ids = torch.randint(0, 50, (32, 3))
+    with torch._dynamo.config.patch(specialize_float=False):
+        gm, inputs = _capture(EmbeddedMLP(), ids)
+    backend = make_backend(measure=False, post_grad=False, recompute_masks=False)
+    assert isinstance(backend, OptimusBackend)
+    calls = []
+    backend._compile_fx = lambda: lambda g, x, **kw: calls.append(g) or g  # no Inductor: the decision alone
+    backend(gm, inputs)
+    (report,) = backend.reports
+    assert report.fell_back and "re-traces" in report.fallback_reason and report.phase_seconds == {}
+    assert len(calls) == 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.fx.node import map_aggregate
 
 from optimus_eqsat.fxvocab.mutation import written_attributes
@@ -195,11 +196,26 @@ class _Recorder(torch.fx.Interpreter):
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current = n
-        out = super().run_node(n)
+        try:
+            out = super().run_node(n)
+        except DataDependentOutputException:
+            # ``x.item()`` of a fake tensor (Dynamo under dynamic=True lifts a module's float
+            # attributes, a norm's momentum, a dropout's p, as 0-d tensor inputs read with
+            # ``.item()``): the symbolic scalar Dynamo traced it as is the value.
+            out = _traced_scalar(n)
+            if out is None:
+                raise
         value, found = _to_meta(out)
         if found:
             self.seen[n] = value
         return out
+
+
+def _traced_scalar(n: torch.fx.Node) -> Any:
+    """The scalar (a SymFloat, SymInt or SymBool, or a plain number) that ``n``'s tracer
+    recorded for it, or None."""
+    value = n.meta.get("example_value", n.meta.get("val"))
+    return value if isinstance(value, (torch.SymFloat, torch.SymInt, torch.SymBool, float, int, bool)) else None
 
 
 def copied_inputs(
