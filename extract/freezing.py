@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from optimus_eqsat.fxvocab import RANDOM_OPS, fetch_attr
+from optimus_eqsat.fxvocab.mutation import is_mutating
 
 __all__ = ["fold_parameters", "outermost", "parameter_placeholders", "parameter_values"]
 
@@ -39,10 +40,13 @@ def parameter_placeholders(gm: fx.GraphModule, example_inputs: Sequence[Any]) ->
     return {n for n, v in zip(placeholders, example_inputs) if isinstance(v, torch.nn.Parameter)}
 
 
-def _impure(node: fx.Node) -> bool:
+def _impure(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Whether computing ``node`` could draw random numbers or write memory (``step += 1``
+    on an optimizer's state, through ``operator.iadd``, is a write too)."""
     name = getattr(node.target, "__name__", str(node.target))
     return (
         node.op in ("call_module", "output", "placeholder")
+        or is_mutating(gm, node)
         or any(word in name for word in _IMPURE)
         or name.endswith("_")
         and not name.endswith("__")
@@ -67,7 +71,7 @@ def parameter_values(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[
             if isinstance(node.target, str):
                 values[node] = fetch_attr(gm, node.target)
             continue
-        if node.op != "call_function" and node.op != "call_method" or _impure(node):
+        if node.op != "call_function" and node.op != "call_method" or _impure(gm, node):
             continue
         inputs = node.all_input_nodes
         if not inputs or not all(a in values for a in inputs):

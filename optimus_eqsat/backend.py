@@ -28,6 +28,7 @@ from optimus_eqsat.compile_plan import CompilePlan, PassRecords, mask_patches, p
 from optimus_eqsat.ddp_whole_graph import Piece, current_piece, piece_count, piece_mode, sink_input_work
 from optimus_eqsat.ddp_whole_graph import install as install_ddp_whole_graph
 from optimus_eqsat.fx_graphs import copy_module, op_count
+from optimus_eqsat.fxvocab.mutation import written_attributes
 from optimus_eqsat.fxvocab.symbolic import symbolic_value
 from optimus_eqsat.guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
 from optimus_eqsat.inductor_compat import first_line, inductor_patches, is_dynamo_signal, lifted_float_inputs
@@ -227,7 +228,7 @@ class OptimusBackend:
             cache_parameters=self.options["cached_parameters"]
             and report.mode == "inference"
             and not freezing_enabled(),
-            measure=own.measure and stored is None,
+            measure=own.measure and stored is None and not _writes_module_state(gm, report),
         )
         records = PassRecords()  # what this compile's passes record
         start = time.perf_counter()
@@ -514,6 +515,21 @@ def _report_of_decision(original: torch.fx.GraphModule, stored: StoredDecision) 
     )
     report.fall_back(f"measured not faster (an earlier run's decision, cached): {stored.measured.summary()}")
     return report
+
+
+def _writes_module_state(gm: torch.fx.GraphModule, report: OptimizeReport) -> bool:
+    """Whether the graph writes tensors it reads as attributes, not as inputs (a compiled
+    ``optimizer.step()``: Dynamo installs the parameters and the optimizer's state on the
+    graph module). Timing would apply the step to them once per round, and the measured
+    choice copies only inputs: such a graph is not timed (the report's ``measured`` stays
+    None) and the optimizer's prediction decides."""
+    written = written_attributes(gm)
+    if written:
+        log.info(
+            "optimus_eqsat: not measured: the graph writes the module's own tensors (%s)",
+            ", ".join(sorted(written)[:4]) + (", ..." if len(written) > 4 else ""),
+        )
+    return bool(written)
 
 
 def _fake_first_call() -> bool:

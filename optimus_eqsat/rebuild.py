@@ -471,19 +471,35 @@ def _symbolic_fake_prop(gm: torch.fx.GraphModule, fakes: list[Any]) -> bool:
 
 def _fake_tensor_prop(gm: torch.fx.GraphModule, values: list[Any]) -> bool:
     """FakeTensorProp over the whole graph in a fresh mode (the slow, general path)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            with mode:
-                fakes.append(torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device))
-        else:
-            fakes.append(v)
+
+    def fake(v: torch.Tensor) -> torch.Tensor:
+        with mode:
+            return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
+
+    class AttributesAsFakes(FakeTensorProp):
+        """Reads the module's tensors as fakes of their own: the mode would otherwise take a
+        real 0-d tensor as its constant, and an in-place op of the graph (an optimizer's
+        ``step += 1``) would write the real one."""
+
+        def __init__(self, module: torch.fx.GraphModule, mode: FakeTensorMode):
+            super().__init__(module, mode)
+            self.fakes: dict[str, torch.Tensor] = {}
+
+        def fetch_attr(self, target: str) -> Any:
+            value = super().fetch_attr(target)
+            if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+                if target not in self.fakes:  # (same strides and offset, no constant)
+                    self.fakes[target] = mode.from_tensor(value, static_shapes=True)
+                return self.fakes[target]
+            return value
+
+    fakes = [fake(v) if isinstance(v, torch.Tensor) else v for v in values]
     try:
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+        AttributesAsFakes(gm, mode).propagate_dont_convert_inputs(*fakes)
     except Exception:  # meta is an aid to cost models, never a reason to fail
         return False
     return True

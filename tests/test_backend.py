@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 
@@ -264,3 +265,35 @@ def test_a_cached_program_runs_uncached_on_a_call_at_compile_time():
     real = (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4, 3))
     program(*real)
     assert len(cached_calls) == 1 and not program.first
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd_momentum"])
+def test_a_compiled_optimizer_step_updates_once_per_call(optimizer):
+    """``torch.compile(opt.step)``: Dynamo installs the parameters and the optimizer's state on
+    the graph module, and the graph writes them. The measured choice used to time that graph
+    on them (each round one more update), and the meta passes wrote Adam's ``step`` counters
+    (``step += 1`` on the real 0-d tensors): the parameters and the state must match eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    reference = copy.deepcopy(model)
+
+    def make(m: nn.Module) -> torch.optim.Optimizer:
+        if optimizer == "adam":
+            return torch.optim.Adam(m.parameters(), lr=1e-2)
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    opt, reference_opt = make(model), make(reference)
+    backend = make_backend()  # the measured choice on, as by default
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, backend=backend)
+    for k in range(2):
+        for m in (model, reference):
+            for p in m.parameters():
+                p.grad = torch.full_like(p, 0.1 * (k + 1))
+        reference_opt.step()
+        step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+        for key, value in reference_opt.state[q].items():
+            torch.testing.assert_close(opt.state[p][key], value, msg=key)
+    assert backend.reports and all(r.measured is None for r in backend.reports)
