@@ -24,7 +24,7 @@ import torch.fx
 
 from optimus_eqsat.api import OptimizeOptions, optimize_graph
 from optimus_eqsat.budget import backend_time_limit
-from optimus_eqsat.compile_plan import CompilePlan, PassRecords, mask_patches, post_grad_rewrote
+from optimus_eqsat.compile_plan import CompilePlan, PassRecords, mask_patches
 from optimus_eqsat.ddp_whole_graph import Piece, current_piece, piece_count, piece_mode, sink_input_work
 from optimus_eqsat.ddp_whole_graph import install as install_ddp_whole_graph
 from optimus_eqsat.fx_graphs import copy_module, op_count
@@ -277,13 +277,10 @@ class OptimusBackend:
             return {}
         compile_fx = self._compile_fx()
 
-        def wanted() -> bool:
-            return plan.rewritten or (bool(plan.post_grad_roles) and post_grad_rewrote(records.post_grad, True))
-
         return {
             "masked": Deferred(
                 lambda: compile_fx(copy_module(original), example_inputs, config_patches=mask_patches()),
-                wanted=wanted,
+                wanted=lambda: plan.rewritten or plan.post_grad_pass_rewrote(records, True),
             )
         }
 

@@ -99,8 +99,12 @@ class CompilePlan:
         """Whether a pass of ours rewrote the program of a graph the pre-grad pass left alone
         (or may have, where a cache served a graph the pass did not see). Masks count only
         when they read a slice of a concatenation: only those can cost memory."""
-        post = bool(self.post_grad_roles) and post_grad_rewrote(records.post_grad, training)
-        return (self.recompute_masks and masks_recomputed(records.sliced, training)) or post
+        sliced_masks = self.recompute_masks and masks_recomputed(records.sliced, training)
+        return sliced_masks or self.post_grad_pass_rewrote(records, training)
+
+    def post_grad_pass_rewrote(self, records: PassRecords, training: bool) -> bool:
+        """Whether our post-grad pass rewrote a graph of this compile, or may have."""
+        return bool(self.post_grad_roles) and post_grad_rewrote(records.post_grad, training)
 
 
 def post_grad_patches(

@@ -31,7 +31,7 @@ from typing import cast
 
 import torch
 
-from optimus_eqsat.fxvocab import SHAPE_META, TensorInfo, call_name, node_tensor_infos
+from optimus_eqsat.fxvocab import SHAPE_META, TensorInfo, call_name, meta_value, node_tensor_infos
 
 __all__ = [
     "split_attention_key_permutes",
@@ -95,7 +95,7 @@ def lifted_float_inputs(gm: torch.fx.GraphModule) -> list[str]:
     so the backend optimizes the restarted graph, not this one."""
     names = []
     for node in gm.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("example_value", node.meta.get("val"))
+        value = meta_value(node)
         if (
             isinstance(value, torch.Tensor)
             and value.dim() == 0

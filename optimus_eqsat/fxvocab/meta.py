@@ -214,7 +214,7 @@ class _Recorder(torch.fx.Interpreter):
 def _traced_scalar(n: torch.fx.Node) -> Any:
     """The scalar (a SymFloat, SymInt or SymBool, or a plain number) that ``n``'s tracer
     recorded for it, or None."""
-    value = n.meta.get("example_value", n.meta.get("val"))
+    value = meta_value(n)
     return value if isinstance(value, (torch.SymFloat, torch.SymInt, torch.SymBool, float, int, bool)) else None
 
 
