@@ -85,6 +85,9 @@ class GuardResult:
     peak_bytes: dict[str, int] = field(default_factory=dict)  # peak memory of one step, above the start
     resident_bytes: int = 0  # the step's inputs, parameters included: held by both programs
     timing_s: float = 0.0  # wall seconds the measurement took (warm-up, rounds, memory)
+    # The baseline against the fallbacks, in rounds of their own, when the candidate was not
+    # kept (``kept`` is then this verdict's; ``step_s`` and ``ratio`` stay the first rounds').
+    fallback: GuardResult | None = None
 
     @property
     def overhead_s(self) -> float:
@@ -94,6 +97,12 @@ class GuardResult:
     def summary(self) -> str:
         if not self.rounds:
             return f"not timed: {self.reason}"
+        if self.fallback is None:
+            return f"{self._measured()}: kept {self.kept} ({self.reason})"
+        return f"{self._measured()}: {self.reason}; then {self.fallback._measured()}: kept {self.kept} ({self.fallback.reason})"
+
+    def _measured(self) -> str:
+        """The times, ratio and peaks of these rounds."""
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
         memory = (
             " peak "
@@ -102,10 +111,7 @@ class GuardResult:
             if self.peak_bytes
             else ""
         )
-        return (
-            f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] "
-            f"over {self.rounds} rounds;{memory}: kept {self.kept} ({self.reason})"
-        )
+        return f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] over {self.rounds} rounds;{memory}"
 
 
 def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
@@ -396,15 +402,23 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
 class Deferred:
     """A program compiled only when a measurement needs it (``compile_s`` says how long it took).
     ``wanted`` (optional) tells, when it would be compiled as a fallback, whether it can differ
-    from the programs already timed."""
+    from the programs already timed.
+
+    It compiles in the tracing context it was made in (Dynamo's, as AOTAutograd's lazy backward
+    does): without that context's shape environment Inductor's FX graph and AOTAutograd caches
+    bypass the compile, and a restarted job compiles the program the first call kept cold again."""
 
     def __init__(self, compile: Callable[[], Program], wanted: Callable[[], bool] | None = None):
         self._compile, self.compile_s = compile, 0.0
         self.wanted = wanted or (lambda: True)
+        self._context = torch._guards.TracingContext.try_get()
 
     def __call__(self) -> Program:
         start = time.perf_counter()
-        program = self._compile()
+        with contextlib.ExitStack() as scope:
+            if self._context is not None and torch._guards.TracingContext.try_get() is None:
+                scope.enter_context(torch._guards.tracing(self._context))
+            program = self._compile()
         self.compile_s = time.perf_counter() - start
         return program
 
@@ -582,19 +596,18 @@ def measure_and_choose(
             more, more_peaks = _time_programs(
                 programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s, layouts
             )
-            second = choose_among(more, baseline, fallbacks, margin, more_peaks, resident_bytes(inputs), memory_slack)
-            # every program's time and peak in the report (the baseline's from the first rounds)
-            step_s = {**second.step_s, **result.step_s}
-            result = second if second.kept != baseline else result
-            result.step_s, result.peak_bytes = step_s, {**more_peaks, **peaks}
-        if layout is not None and result.kept != candidate and layouts.get(result.kept) != [layout]:
-            result.kept, result.reason = (
-                candidate,
-                (
-                    f"{result.reason}, but {result.kept}'s outputs are laid out "
-                    f"otherwise than the programs compiled after it expect"
-                ),
+            # (a verdict of their own: the rounds run at another time, on a machine whose load moves)
+            result.fallback = choose_among(
+                more, baseline, fallbacks, margin, more_peaks, resident_bytes(inputs), memory_slack
             )
+            result.kept = result.fallback.kept
+        if layout is not None and result.kept != candidate and layouts.get(result.kept) != [layout]:
+            decided = result.fallback or result
+            decided.reason = (
+                f"{decided.reason}, but {result.kept}'s outputs are laid out "
+                "otherwise than the programs compiled after it expect"
+            )
+            result.kept = candidate
     finally:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:

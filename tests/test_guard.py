@@ -371,7 +371,12 @@ def test_a_fallback_candidate_is_compiled_only_when_the_first_is_not_kept():
         budget_s=0.0,
     )
     assert compiles == ["masked"] and "masked" in fell.compile_s
-    assert fell.kept == "masked" and set(fell.step_s) == {"original", "optimized", "masked"}
+    assert fell.kept == "masked" and set(fell.step_s) == {"original", "optimized"}
+    # the fallback's rounds are a verdict of their own, reported after the first one
+    assert fell.fallback is not None and set(fell.fallback.step_s) == {"original", "masked"}
+    first, then = fell.summary().split("; then ")
+    assert "optimized" in first and "masked" not in first and first.endswith(": slower")
+    assert "optimized" not in then and then.endswith("kept masked (faster beyond the noise)")
     same = measure_and_choose(
         {
             "original": original,
@@ -494,3 +499,19 @@ def test_compiled_autograd_is_off_while_the_backward_is_timed():
         assert not compiled
         f(torch.randn(2, 4), w).sum().backward()  # (the context does capture an ordinary backward)
     assert compiled
+
+
+def test_a_deferred_compile_runs_in_the_tracing_context_it_was_made_in():
+    """A candidate compiled on the first call, after Dynamo's compile, must see Dynamo's
+    tracing context: without its shape environment Inductor's FX graph and AOTAutograd caches
+    bypass the compile, and a restarted job compiles the program kept cold again."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    context = TracingContext(FakeTensorMode())
+    with tracing(context):
+        deferred = Deferred(TracingContext.try_get)
+    assert TracingContext.try_get() is None
+    assert deferred() is context
+    assert TracingContext.try_get() is None
+    assert Deferred(TracingContext.try_get)() is None  # (made outside any: none is made up)
