@@ -242,9 +242,18 @@ def step_function(
     """One step of ``program``: the forward, and in training the gradients of every input
     that requires grad (parameters included) by ``torch.autograd.grad`` with compiled
     autograd off, so nothing accumulates into the user's ``.grad``. ``layouts`` (optional)
-    receives the outputs' :func:`_layout` of the first step."""
+    receives the outputs' :func:`_layout` of the first step.
+
+    The first step retains the autograd graph: AOTAutograd compiles a program's backward on
+    its first use, for that use's kind, and one compiled for a backward that frees the graph
+    donates saved buffers and refuses every later ``retain_graph=True`` or
+    ``create_graph=True``. Under Inductor the user's first backward decides; here the measured
+    choice runs first, so it compiles the kind every backward can run (PCGrad and GradNorm
+    take each task's gradients with ``retain_graph=True``). A backward Inductor's caches
+    served compiled for the other kind runs as it was compiled."""
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     on_cuda = _on_cuda(inputs)
+    first = [True]
 
     def step() -> None:
         if on_cuda:  # programs compiled with CUDA graphs (mode="reduce-overhead") take turns:
@@ -257,7 +266,14 @@ def step_function(
             if outs:
                 loss = cast(torch.Tensor, sum(o.float().sum() for o in outs))  # (outs is not empty)
                 with _compiled_autograd_off():
-                    torch.autograd.grad(loss, wrt, allow_unused=True)
+                    try:
+                        torch.autograd.grad(loss, wrt, allow_unused=True, retain_graph=first[0])
+                    except RuntimeError:
+                        if not first[0]:
+                            raise
+                        # (a backward compiled already, by a cache entry: it runs as it was compiled)
+                        torch.autograd.grad(loss, wrt, allow_unused=True)
+                first[0] = False
         if on_cuda:
             torch.cuda.synchronize()
 
@@ -402,23 +418,15 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
 class Deferred:
     """A program compiled only when a measurement needs it (``compile_s`` says how long it took).
     ``wanted`` (optional) tells, when it would be compiled as a fallback, whether it can differ
-    from the programs already timed.
-
-    It compiles in the tracing context it was made in (Dynamo's, as AOTAutograd's lazy backward
-    does): without that context's shape environment Inductor's FX graph and AOTAutograd caches
-    bypass the compile, and a restarted job compiles the program the first call kept cold again."""
+    from the programs already timed."""
 
     def __init__(self, compile: Callable[[], Program], wanted: Callable[[], bool] | None = None):
         self._compile, self.compile_s = compile, 0.0
         self.wanted = wanted or (lambda: True)
-        self._context = torch._guards.TracingContext.try_get()
 
     def __call__(self) -> Program:
         start = time.perf_counter()
-        with contextlib.ExitStack() as scope:
-            if self._context is not None and torch._guards.TracingContext.try_get() is None:
-                scope.enter_context(torch._guards.tracing(self._context))
-            program = self._compile()
+        program = self._compile()
         self.compile_s = time.perf_counter() - start
         return program
 

@@ -297,3 +297,41 @@ def test_a_compiled_optimizer_step_updates_once_per_call(optimizer):
         for key, value in reference_opt.state[q].items():
             torch.testing.assert_close(opt.state[p][key], value, msg=key)
     assert backend.reports and all(r.measured is None for r in backend.reports)
+
+
+class _TwoTaskExperts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)) for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([e(x) for e in self.experts], 1).sum(1)
+
+
+def test_per_task_gradients_retain_the_graph_after_the_measured_choice():
+    """PCGrad and GradNorm take each task's gradients with ``retain_graph=True``. AOTAutograd
+    compiles a backward on its first use, for that use's kind; the measured choice's timing ran
+    first with a backward that frees the graph, so the program kept refused the user's
+    ``retain_graph=True`` (Inductor's "donated buffers" error), where Inductor alone lets the
+    user's first backward decide. The gradients must equal eager's."""
+    torch.manual_seed(0)
+    model = _TwoTaskExperts()
+    reference = copy.deepcopy(model)
+    backend = make_backend(measure_budget_s=0.05)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(64, 16)
+
+    def task_gradients(m: nn.Module, out: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        losses = [out[:, :4].pow(2).sum(), out[:, 4:].abs().sum()]
+        return [torch.autograd.grad(loss, list(m.parameters()), retain_graph=k == 0) for k, loss in enumerate(losses)]
+
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got = task_gradients(model, compiled(x))
+        again = task_gradients(model, compiled(x))  # (and on the calls after the first)
+    assert backend.reports and backend.reports[0].measured is not None and backend.reports[0].measured.rounds
+    expected = task_gradients(reference, reference(x))
+    for run in (got, again):
+        for task, want in zip(run, expected):
+            for g, e in zip(task, want):
+                torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

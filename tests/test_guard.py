@@ -499,19 +499,3 @@ def test_compiled_autograd_is_off_while_the_backward_is_timed():
         assert not compiled
         f(torch.randn(2, 4), w).sum().backward()  # (the context does capture an ordinary backward)
     assert compiled
-
-
-def test_a_deferred_compile_runs_in_the_tracing_context_it_was_made_in():
-    """A candidate compiled on the first call, after Dynamo's compile, must see Dynamo's
-    tracing context: without its shape environment Inductor's FX graph and AOTAutograd caches
-    bypass the compile, and a restarted job compiles the program kept cold again."""
-    from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    context = TracingContext(FakeTensorMode())
-    with tracing(context):
-        deferred = Deferred(TracingContext.try_get)
-    assert TracingContext.try_get() is None
-    assert deferred() is context
-    assert TracingContext.try_get() is None
-    assert Deferred(TracingContext.try_get)() is None  # (made outside any: none is made up)
