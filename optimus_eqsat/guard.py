@@ -46,7 +46,7 @@ import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -415,6 +415,40 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
     return peak
 
 
+class _CompileContext:
+    """Dynamo's tracing context of a compile, and how it fakeified each input tensor, for a
+    compile that runs after Dynamo's (on the first call). Dynamo forgets the second when its
+    compile ends; without both, Inductor's FX graph and AOTAutograd caches bypass the compile
+    ('No shape env') or AOTAutograd gives the inputs symbolic sizes."""
+
+    def __init__(self, context: Any, inputs: dict[Any, Any]) -> None:
+        self.context, self.inputs = context, inputs
+
+    @classmethod
+    def capture(cls) -> _CompileContext:
+        context = torch._guards.TracingContext.try_get()
+        if context is None:
+            return cls(None, {})
+        known = context.tensor_to_context
+        return cls(context, {t: known[t] for t in list(known.keys())})
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        if self.context is None or torch._guards.TracingContext.try_get() is not None:
+            yield
+            return
+        known = self.context.tensor_to_context
+        restored = [t for t in self.inputs if t not in known]
+        for t in restored:
+            known[t] = self.inputs[t]
+        try:
+            with torch._guards.tracing(self.context):
+                yield
+        finally:
+            for t in restored:  # (Dynamo drops them so that swap_tensors works after a compile)
+                known.pop(t, None)
+
+
 class Deferred:
     """A program compiled only when a measurement needs it (``compile_s`` says how long it took).
     ``wanted`` (optional) tells, when it would be compiled as a fallback, whether it can differ
@@ -423,10 +457,12 @@ class Deferred:
     def __init__(self, compile: Callable[[], Program], wanted: Callable[[], bool] | None = None):
         self._compile, self.compile_s = compile, 0.0
         self.wanted = wanted or (lambda: True)
+        self._context = _CompileContext.capture()
 
     def __call__(self) -> Program:
         start = time.perf_counter()
-        program = self._compile()
+        with self._context.entered():
+            program = self._compile()
         self.compile_s = time.perf_counter() - start
         return program
 

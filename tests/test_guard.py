@@ -499,3 +499,31 @@ def test_compiled_autograd_is_off_while_the_backward_is_timed():
         assert not compiled
         f(torch.randn(2, 4), w).sum().backward()  # (the context does capture an ordinary backward)
     assert compiled
+
+
+def test_a_deferred_compile_sees_the_inputs_as_dynamo_fakeified_them():
+    """A candidate compiled on the first call, after Dynamo's compile, must run in Dynamo's
+    tracing context with the inputs' symbolic contexts Dynamo dropped when its compile ended:
+    without the context Inductor's caches bypass the compile (a restarted job compiles the
+    program kept cold again), without the symbolic contexts the inputs get symbolic sizes."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, how = torch.ones(2), object()
+    context = TracingContext(FakeTensorMode())
+    context.tensor_to_context[x] = how
+    seen = []
+
+    def compile_now():
+        now = TracingContext.try_get()
+        seen.append((now, now.tensor_to_context.get(x) if now is not None else None))
+        return lambda *args: None
+
+    with tracing(context):
+        deferred = Deferred(compile_now)
+    context.tensor_to_context.clear()  # (as Dynamo does at the end of its compile)
+    deferred()
+    assert seen == [(context, how)]
+    assert TracingContext.try_get() is None and x not in context.tensor_to_context
+    Deferred(compile_now)()  # (made outside any context: none is made up)
+    assert seen[-1] == (None, None)
