@@ -253,9 +253,10 @@ def step_function(
     served compiled for the other kind runs as it was compiled."""
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     on_cuda = _on_cuda(inputs)
-    first = [True]
+    first = True
 
     def step() -> None:
+        nonlocal first
         if on_cuda:  # programs compiled with CUDA graphs (mode="reduce-overhead") take turns:
             torch.compiler.cudagraph_mark_step_begin()  # each step is a new one, not a continuation
         out = program(*inputs)
@@ -267,13 +268,13 @@ def step_function(
                 loss = cast(torch.Tensor, sum(o.float().sum() for o in outs))  # (outs is not empty)
                 with _compiled_autograd_off():
                     try:
-                        torch.autograd.grad(loss, wrt, allow_unused=True, retain_graph=first[0])
+                        torch.autograd.grad(loss, wrt, allow_unused=True, retain_graph=first)
                     except RuntimeError:
-                        if not first[0]:
+                        if not first:
                             raise
                         # (a backward compiled already, by a cache entry: it runs as it was compiled)
                         torch.autograd.grad(loss, wrt, allow_unused=True)
-                first[0] = False
+                first = False
         if on_cuda:
             torch.cuda.synchronize()
 
