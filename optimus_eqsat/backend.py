@@ -63,11 +63,11 @@ def make_backend(**options: Any) -> OptimusBackend:
 
     - ``inductor=False`` returns the optimized GraphModule itself (runs eagerly),
       which is handy for debugging rewrites without compiling;
-    - ``measure=True`` (default) compiles the original graph too; the first call of the
-      compiled program times both on its inputs in interleaved rounds (forward, and
-      backward in training) and keeps the optimized program only when it is faster
-      beyond the noise (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what
-      was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
+    - ``measure=True`` (default) compiles the original graph too (in CPU training, the
+      original with its bool masks recomputed instead); the first call of the compiled
+      program times both on its inputs in interleaved rounds (forward, and backward in
+      training) and keeps the optimized program only when it is faster beyond the noise
+      (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
       timing on the first call; nothing when no pass rewrote the graph (the compiled
       program is then the original graph, kept untimed; in training on the CPU with its
       bool masks recomputed from saved tensors, :mod:`optimus_eqsat.postgrad.bool_masks`,
@@ -260,6 +260,7 @@ class OptimusBackend:
                 own.memory_slack,
                 self._masked_candidate(original, example_inputs, plan, records),
                 on_decided=lambda result: store_decision(decision, result),
+                baseline_name="masked",
             )
         _log_report(report)
         return compiled
@@ -267,12 +268,17 @@ class OptimusBackend:
     def _masked_candidate(
         self, original: torch.fx.GraphModule, example_inputs: Sequence[Any], plan: CompilePlan, records: PassRecords
     ) -> dict[str, Deferred]:
-        """The measured choice's third candidate when masks were recomputed: the original graph
-        with the masks alone, compiled with Inductor's own settings, which is the fallback when
-        ours is not kept. Our passes' rewrites, and the in-place reuse our programs go without
-        (INDUCTOR_PATCHES), can cost memory the masks do not (transformer training at 256: 16%
-        more peak memory, the masks alone 5% less). Without a rewrite of ours besides the masks,
-        our program is that one: not compiled twice."""
+        """The measured choice's baseline when masks were recomputed (CPU training): the original
+        graph with the masks alone, compiled with Inductor's own settings, in place of the
+        original. Recomputing a mask from a tensor the backward saves anyway costs no memory,
+        and spares Inductor's bool stores, which on the CPU cost 10-20 ns an element against
+        0.1-0.8 for a float op (benchmarks/results/bool_store.md); so the original is not
+        compiled at all, one fwd+bwd compile less on the first call (the backend keeps this
+        program untimed when none of our passes rewrote more than the masks). Our rewrites, and
+        the in-place reuse our programs go without (INDUCTOR_PATCHES), can cost memory the masks
+        do not (transformer training at 256: 16% more peak memory, the masks alone 5% less): the
+        measured choice weighs ours against this program. Without a rewrite of ours besides the
+        masks, our program is that one: not compiled twice."""
         if not any(records.masks) or _symbolic(example_inputs):
             return {}
         compile_fx = self._compile_fx()
@@ -450,23 +456,33 @@ def _measured(
     extra: dict[str, Deferred] | None = None,
     on_decided: Callable[[GuardResult], None] | None = None,
     baseline: tuple[Callable, float] | None = None,
+    baseline_name: str = "original",
 ) -> Callable:
     """``compiled`` and the original graph compiled (or ``baseline``: the original compiled by
     the caller, and the seconds that took), of which the first call keeps the faster.
+
+    With ``baseline_name`` naming a program of ``extra`` (``"masked"``), that program is the
+    baseline instead and the original is never compiled.
 
     With ``rewritten`` (``compiled`` is the original graph unless a post-grad pass rewrote
     it), the original is compiled again only when one did: most graphs a pass leaves alone
     then cost one compile and no timing. Graphs with symbolic shapes compile it at once
     (inside Dynamo's compile, where their shape environment lives)."""
+    extra = extra or {}
     deferred = Deferred(lambda: compile_fx(copy_module(original), example_inputs))
-    lazy = rewritten is not None and not _symbolic(example_inputs)
-    original_program, original_s = baseline if baseline is not None else (deferred if lazy else deferred(), None)
+    programs: dict[str, Any] = {"optimized": compiled, **extra}
+    original_s = None
+    if baseline_name not in extra:
+        baseline_name = "original"
+        lazy = rewritten is not None and not _symbolic(example_inputs)
+        original_program, original_s = baseline if baseline is not None else (deferred if lazy else deferred(), None)
+        programs = {"original": original_program, **programs}
 
     def record(result: GuardResult | Exception) -> None:
         if isinstance(result, Exception):
             report.fall_back(f"measurement failed: {first_line(result, 400)}")
             return
-        for name, program in {"original": deferred, **(extra or {})}.items():
+        for name, program in {"original": deferred, **extra}.items():
             if program.compile_s:
                 result.compile_s[name] = program.compile_s
         if original_s is not None:
@@ -481,10 +497,11 @@ def _measured(
             on_decided(result)
 
     return FirstCallChoice(
-        {"original": original_program, "optimized": compiled, **(extra or {})},
+        programs,
         original,
         budget_s,
         record,
+        baseline=baseline_name,
         rewritten=rewritten,
         memory_slack=memory_slack,
         run_at_compile_time=run_at_compile_time,
