@@ -145,23 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(m, mode) for m in args.models.split(",") for mode in args.modes.split(",")]
     cold: dict[tuple[str, str], list[float]] = {}  # per case, ours / Inductor per round
     warm: dict[tuple[str, str], list[float]] = {}  # per case, ours / Inductor per warm pair
-    seconds: dict[tuple[str, str, str, str], list[float]] = {}  # (model, mode, method, "cold" or "warm")
+    seconds: dict[tuple[str, str], dict[tuple[str, str], list[float]]] = {}  # case -> (method, "cold"/"warm")
     for k in range(args.repeats):
         for model, mode in cases:
             times = run_round(model, mode, args.batch, k, args.warm_repeats)
             (ind_cold, ind_warm), (our_cold, our_warm) = times["inductor"], times["optimus_eqsat"]
             cold.setdefault((model, mode), []).append(our_cold / ind_cold)
             warm.setdefault((model, mode), []).extend(o / i for o, i in zip(our_warm, ind_warm))
+            case = seconds.setdefault((model, mode), {})
             for method, (c, w) in times.items():
-                seconds.setdefault((model, mode, method, "cold"), []).append(c)
-                seconds.setdefault((model, mode, method, "warm"), []).extend(w)
+                case.setdefault((method, "cold"), []).append(c)
+                case.setdefault((method, "warm"), []).extend(w)
     lines = [
         "| model | mode | Inductor cold s | ours cold s | ours / Inductor cold | Inductor warm s | ours warm s "
         "| ours / Inductor warm |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for model, mode in cases:
-        median = {(key[2], key[3]): statistics.median(v) for key, v in seconds.items() if key[:2] == (model, mode)}
+        median = {key: statistics.median(v) for key, v in seconds[(model, mode)].items()}
         lines.append(
             f"| {model} | {mode} | {median[('inductor', 'cold')]:.1f} | {median[('optimus_eqsat', 'cold')]:.1f} | "
             f"{spread(cold[(model, mode)])} | {median[('inductor', 'warm')]:.2f} | "

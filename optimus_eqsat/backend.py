@@ -67,8 +67,9 @@ def make_backend(**options: Any) -> OptimusBackend:
       original with its bool masks recomputed instead); the first call of the compiled
       program times both on its inputs in interleaved rounds (forward, and backward in
       training) and keeps the optimized program only when it is faster beyond the noise
-      (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what was kept. It costs one more Inductor compile and about ``measure_budget_s`` of
-      timing on the first call; nothing when no pass rewrote the graph (the compiled
+      (:mod:`optimus_eqsat.guard`); ``report.measured`` then says what was kept. It
+      costs one more Inductor compile and about ``measure_budget_s`` of timing on the
+      first call; nothing when no pass rewrote the graph (the compiled
       program is then the original graph, kept untimed; in training on the CPU with its
       bool masks recomputed from saved tensors, :mod:`optimus_eqsat.postgrad.bool_masks`,
       which costs no memory and no speed), and no pass rewrites a graph for less than
@@ -258,7 +259,7 @@ class OptimusBackend:
                 own.measure_budget_s,
                 None if plan.rewritten else functools.partial(plan.pass_rewrote, records),
                 own.memory_slack,
-                self._masked_candidate(original, example_inputs, plan, records),
+                self._masked_candidate(original, example_inputs, records),
                 on_decided=lambda result: store_decision(decision, result),
                 baseline_name="masked",
             )
@@ -266,7 +267,7 @@ class OptimusBackend:
         return compiled
 
     def _masked_candidate(
-        self, original: torch.fx.GraphModule, example_inputs: Sequence[Any], plan: CompilePlan, records: PassRecords
+        self, original: torch.fx.GraphModule, example_inputs: Sequence[Any], records: PassRecords
     ) -> dict[str, Deferred]:
         """The measured choice's baseline when masks were recomputed (CPU training): the original
         graph with the masks alone, compiled with Inductor's own settings, in place of the
@@ -284,10 +285,7 @@ class OptimusBackend:
         compile_fx = self._compile_fx()
 
         return {
-            "masked": Deferred(
-                lambda: compile_fx(copy_module(original), example_inputs, config_patches=mask_patches()),
-                wanted=lambda: plan.rewritten or plan.post_grad_pass_rewrote(records, True),
-            )
+            "masked": Deferred(lambda: compile_fx(copy_module(original), example_inputs, config_patches=mask_patches()))
         }
 
     def compile_optimized_piece(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
