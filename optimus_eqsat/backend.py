@@ -31,7 +31,13 @@ from optimus_eqsat.fx_graphs import copy_module, op_count
 from optimus_eqsat.fxvocab.mutation import written_attributes
 from optimus_eqsat.fxvocab.symbolic import symbolic_value
 from optimus_eqsat.guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardResult, compile_time_call
-from optimus_eqsat.inductor_compat import first_line, inductor_patches, is_dynamo_signal, lifted_float_inputs
+from optimus_eqsat.inductor_compat import (
+    backwards_lowered_with_forwards,
+    first_line,
+    inductor_patches,
+    is_dynamo_signal,
+    lifted_float_inputs,
+)
 from optimus_eqsat.objective import freezing_enabled
 from optimus_eqsat.parameter_cache import (
     CachedParameterWork,
@@ -579,15 +585,15 @@ def _compile_scope(inductor_config: Mapping[str, Any], eager_backwards: bool) ->
     """The scope of one of the backend's compiles: the user's Inductor config, and with
     ``eager_backwards`` every backward compiled with its forward. DDPOptimizer's pieces need
     that: Dynamo hands their lazily compiled backwards one per-piece metadata record each, in
-    reverse piece order, and the measured choice compiles several programs' backwards."""
-    from torch._functorch import config as functorch_config
+    reverse piece order, and the measured choice compiles several programs' backwards (without
+    donated buffers, so ``retain_graph=True`` still works: :mod:`.inductor_compat`)."""
     from torch._inductor import config
 
     with contextlib.ExitStack() as patches:
         if inductor_config:
             patches.enter_context(config.patch(dict(inductor_config)))
         if eager_backwards:
-            patches.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
+            patches.enter_context(backwards_lowered_with_forwards())
         yield
 
 

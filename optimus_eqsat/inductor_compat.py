@@ -23,11 +23,23 @@ no error). Batching makes many such cats, so every program we hand
 Inductor is compiled with :data:`INDUCTOR_PATCHES` (in-place kernel outputs off).
 Allocation reuse after a buffer dies stays on; the measured choice still compares
 with the original compiled with Inductor's defaults.
+
+Backwards lowered with their forward. AOTAutograd (torch 2.13) lets a backward reuse
+("donate") the buffers its forward saved, and learns whether that is safe from the first
+backward's ``retain_graph``: a backward compiled lazily, on its first use, is compiled for
+that use. One compiled with its forward (``force_non_lazy_backward_lowering``, which
+the backend needs under DDP) is compiled donating, and every later
+``backward(retain_graph=True)`` then fails ("compiled with non-empty donated buffers"),
+where Inductor alone runs it (multi-task gradients under DDP). Such backwards are
+compiled without donated buffers (:func:`backwards_lowered_with_forwards`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import cast
+from unittest import mock
 
 import torch
 
@@ -59,6 +71,27 @@ def inductor_patches(rewritten: bool) -> dict[str, object]:
     from torch._inductor import config
 
     return {key: getattr(config, key) for key in INDUCTOR_PATCHES}
+
+
+@contextlib.contextmanager
+def backwards_lowered_with_forwards() -> Iterator[None]:
+    """Compile each backward with its forward, and without donated buffers, so it runs with
+    ``retain_graph=True`` too. (With ``donated_buffer`` off at compile time, AOTAutograd
+    leaves the donated list unset, which its runtime check reads as donating: the list is
+    made empty instead. A saved-tensors hook filtered to donated buffers then applies to
+    none, as under ``retain_graph=True``.)"""
+    from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd import graph_compile
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(functorch_config.patch(force_non_lazy_backward_lowering=True))
+        if hasattr(graph_compile, "collect_bw_donated_buffer_idxs"):
+            stack.enter_context(mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donation))
+        yield
+
+
+def _no_donation(*args: object, **kwargs: object) -> list[int]:
+    return []
 
 
 def turn_off_inplace_buffers() -> None:

@@ -29,7 +29,11 @@ TOLERANCE = 1e-5
 # The whole spawn: a hung collective fails the cases left, it never hangs CI. 119 s of it were
 # spent with cold caches beside a second test worker on a 2-core machine.
 DEADLINE_S = 480
-DISTRIBUTED_CASES = ("ddp", "ddp_small_buckets", "fsdp2", "fsdp2_per_module")
+# ddp_task_losses: one task's gradients taken with retain_graph=True before the backward. Under
+# DDP the backend compiles each backward with its forward, which AOTAutograd compiles donating
+# the saved buffers unless told not to: that backward then refused retain_graph (Inductor
+# alone runs it).
+DISTRIBUTED_CASES = ("ddp", "ddp_small_buckets", "ddp_task_losses", "fsdp2", "fsdp2_per_module")
 LOCAL_CASES = ("compiled_autograd", "checkpoint")  # one on each rank, after the distributed ones
 # Under pytest-xdist (.ci/run), every test here runs on one worker: the spawn (a module fixture) once.
 pytestmark = pytest.mark.xdist_group("distributed")
@@ -58,19 +62,28 @@ def _batches(world: int) -> list[torch.Tensor]:
     return [torch.randn(world * BATCH, WIDTH, generator=generator) for _ in range(STEPS)]
 
 
-def _train(model: nn.Module, step_model, batches: list[torch.Tensor], shard) -> None:
-    """``STEPS`` SGD steps of ``step_model`` (a compiled or wrapped ``model``) on ``shard(batch)``."""
+def _train(model: nn.Module, step_model, batches: list[torch.Tensor], shard, task_losses: bool = False) -> None:
+    """``STEPS`` SGD steps of ``step_model`` (a compiled or wrapped ``model``) on ``shard(batch)``;
+    ``task_losses``: the first task's gradients taken with ``retain_graph=True`` before the
+    backward of both tasks' losses (as GradNorm-style multi-task trainers do to weigh them)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     for batch in batches:
-        step_model(shard(batch)).square().mean().backward()
+        out = step_model(shard(batch))
+        if task_losses:
+            first, second = (half.square().mean() for half in out.chunk(2, dim=1))
+            grads = torch.autograd.grad(first, list(model.parameters()), retain_graph=True, allow_unused=True)
+            assert all(g is None or g.isfinite().all() for g in grads)
+            (first + second).backward()
+        else:
+            out.square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
 
 
-def _eager(batches: list[torch.Tensor]) -> nn.Module:
+def _eager(batches: list[torch.Tensor], task_losses: bool = False) -> nn.Module:
     torch.manual_seed(0)
     model = Experts()
-    _train(model, model, batches, lambda batch: batch)
+    _train(model, model, batches, lambda batch: batch, task_losses)
     return model
 
 
@@ -89,13 +102,14 @@ def _run_case(case: str, rank: int, world: int) -> dict:
 
     torch._dynamo.reset()
     batches = _batches(world)
-    reference = _eager(batches)
+    task_losses = case == "ddp_task_losses"
+    reference = _eager(batches, task_losses)
     torch.manual_seed(0)
     model = Experts()
     if case.startswith("ddp"):
         # Small buckets: the first one (1 MiB in torch) and the rest of 4 KiB, so that
         # DDPOptimizer cuts this small model into pieces as it cuts a large one.
-        small = case == "ddp_small_buckets"
+        small = case != "ddp"
         first = dist._DEFAULT_FIRST_BUCKET_BYTES
         if small:
             dist._DEFAULT_FIRST_BUCKET_BYTES = 4096
@@ -103,7 +117,7 @@ def _run_case(case: str, rank: int, world: int) -> dict:
             wrapped = DDP(model, bucket_cap_mb=4096 / 2**20 if small else 25)
             compiled = torch.compile(wrapped, backend="optimus_eqsat")
             reports = len(_DEFAULT.reports)
-            _train(model, compiled, batches, lambda batch: batch.chunk(world)[rank])
+            _train(model, compiled, batches, lambda batch: batch.chunk(world)[rank], task_losses)
         finally:
             dist._DEFAULT_FIRST_BUCKET_BYTES = first
     else:

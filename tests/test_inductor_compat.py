@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from optimus_eqsat import optimize_graph
-from optimus_eqsat.inductor_compat import split_attention_key_permutes
+from optimus_eqsat.inductor_compat import backwards_lowered_with_forwards, split_attention_key_permutes
 from optimus_eqsat.inductor_count import count_inductor_kernels
 
 
@@ -74,3 +74,24 @@ def test_optimized_transformer_compiles_under_no_grad() -> None:
     assert counts.generated + counts.extern > 0
     with torch.no_grad():
         torch.testing.assert_close(optimized(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_backwards_lowered_with_forwards_take_retain_graph() -> None:
+    """A backward compiled with its forward (the backend's scope under DDP) runs with
+    ``retain_graph=True`` and then again, and its gradients are eager's; AOTAutograd compiles
+    such a backward donating its saved buffers unless told not to, and then refuses
+    ``retain_graph`` ("non-empty donated buffers")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    expected = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="inductor")
+    # (caches off: an entry compiled earlier, by this test or by Inductor, would be served as it was)
+    with backwards_lowered_with_forwards(), torch._inductor.config.patch(force_disable_caches=True):
+        loss = compiled(x).square().sum()  # (compiled here, backward included)
+    first = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+    second = torch.autograd.grad(loss, list(model.parameters()))
+    for a, b, e in zip(first, second, expected):
+        torch.testing.assert_close(a, e)
+        torch.testing.assert_close(b, e)
