@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from optimus_eqsat.api import OptimizeOptions, optimize_graph
@@ -62,15 +63,16 @@ def optimize_aten_graph(
 ) -> OptimizeReport | None:
     """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
 
-    Returns the report, or None when the graph was skipped (symbolic shapes, or no fake
-    inputs to lower with). The graph is rewritten only when the optimizer's program is
-    predicted to launch fewer kernels (``require_fewer_launches=False``: whenever the
-    optimizer keeps its program, as the fuzzer wants); on a failure it is left as it was
-    and the exception propagates. ``turn_off_inplace``: once rewritten, the graph is compiled
+    Returns the report, or None when the graph was skipped (symbolic shapes, no fake
+    inputs to lower with, or sparse tensors: the gradient of an ``Embedding(sparse=True)``,
+    whose storage Inductor's checks of a rewritten graph cannot read). The graph is
+    rewritten only when the optimizer's program is predicted to launch fewer kernels
+    (``require_fewer_launches=False``: whenever the optimizer keeps its program, as the
+    fuzzer wants); on a failure it is left as it was and the exception propagates. ``turn_off_inplace``: once rewritten, the graph is compiled
     without in-place buffers (:func:`~..inductor_compat.turn_off_inplace_buffers`: only
     inside a compile whose config patches restore them)."""
     inputs = fake_inputs(graph)
-    if inputs is None:
+    if inputs is None or _holds_sparse_tensors(graph):
         return None
     owner = graph.owning_module
     work = copy_module(owner) if owner is not None else _module_of(graph)
@@ -97,6 +99,14 @@ def optimize_aten_graph(
         turn_off_inplace_buffers()  # our cats must not be written over in place (inductor_compat)
     report.nodes_after = sum(1 for n in graph.nodes if n.op == "call_function")
     return report
+
+
+def _holds_sparse_tensors(graph: torch.fx.Graph) -> bool:
+    return any(
+        isinstance(v, torch.Tensor) and v.layout != torch.strided
+        for n in graph.nodes
+        for v in pytree.tree_leaves(n.meta.get("val"))
+    )
 
 
 def _module_of(graph: torch.fx.Graph) -> torch.fx.GraphModule:
