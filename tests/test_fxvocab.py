@@ -145,6 +145,34 @@ def test_fake_inputs_a_graph_reads_values_of_are_no_warning(caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_a_run_for_shapes_restores_state_it_wrote_and_leaves_alone_what_it_did_not(caplog):
+    """The module's buffers are put back after a run for shapes; one the run left alone is not
+    written, so an input sharing its version counter (a weight moved into a stack of the
+    parameter cache is a view of it) is not reported as written by the run."""
+    from optimus_eqsat.fxvocab.meta import record_shapes
+
+    class Stacked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = nn.BatchNorm1d(4)
+            self.register_buffer("stack", torch.randn(2, 4, 4))
+
+        def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return self.bn(x @ w + x @ self.stack[1])
+
+    model = Stacked().train()
+    tracer = fx.Tracer()
+    tracer.proxy_buffer_attributes = True  # (the stack read in the graph, not folded as a constant)
+    gm = fx.GraphModule(model, tracer.trace(model))
+    running = gm.bn.running_mean.clone()
+    view = gm.stack[0]  # shares the stack's version counter
+    before = view._version
+    with caplog.at_level(logging.WARNING):
+        record_shapes(gm, (view, torch.randn(8, 4)))
+    assert torch.equal(gm.bn.running_mean, running)  # the batch norm's update was undone
+    assert view._version == before and "wrote to input" not in caplog.text
+
+
 def test_strategies_and_pricing_seam():
     with pytest.raises(ValueError, match="unknown code generator"):
         strategy_for("tpu")

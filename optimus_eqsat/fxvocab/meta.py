@@ -310,14 +310,17 @@ def _in_fake_mode_of(example_inputs: Sequence[Any]) -> Any:
 @contextlib.contextmanager
 def _restoring(saved: list[tuple[torch.Tensor, Any]]) -> Any:
     """Put each tensor back to its saved copy (a tensor too large to copy is its own copy
-    and stays as the run left it). Unconditionally: a batch norm's kernel updates its
-    running statistics without moving their version counters."""
+    and stays as the run left it). By value, not by version counter: a batch norm's kernel
+    updates its running statistics without moving their version counters. A tensor the run
+    left as it was is not written: it may share its version counter with an input (weights
+    moved into a stack of the parameter cache are views of it), which would then look
+    written by the run."""
     try:
         yield
     finally:
         with torch.no_grad():
             for tensor, copy in saved:
-                if copy is not tensor:
+                if copy is not tensor and not torch.equal(tensor, copy):
                     tensor.copy_(copy)
 
 
