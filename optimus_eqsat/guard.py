@@ -85,9 +85,6 @@ class GuardResult:
     peak_bytes: dict[str, int] = field(default_factory=dict)  # peak memory of one step, above the start
     resident_bytes: int = 0  # the step's inputs, parameters included: held by both programs
     timing_s: float = 0.0  # wall seconds the measurement took (warm-up, rounds, memory)
-    # The baseline against the fallbacks, in rounds of their own, when the candidate was not
-    # kept (``kept`` is then this verdict's; ``step_s`` and ``ratio`` stay the first rounds').
-    fallback: GuardResult | None = None
 
     @property
     def overhead_s(self) -> float:
@@ -97,12 +94,6 @@ class GuardResult:
     def summary(self) -> str:
         if not self.rounds:
             return f"not timed: {self.reason}"
-        if self.fallback is None:
-            return f"{self._measured()}: kept {self.kept} ({self.reason})"
-        return f"{self._measured()}: {self.reason}; then {self.fallback._measured()}: kept {self.kept} ({self.fallback.reason})"
-
-    def _measured(self) -> str:
-        """The times, ratio and peaks of these rounds."""
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in self.step_s.items())
         memory = (
             " peak "
@@ -111,7 +102,10 @@ class GuardResult:
             if self.peak_bytes
             else ""
         )
-        return f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] over {self.rounds} rounds;{memory}"
+        return (
+            f"measured {times}; ratio {self.ratio:.3f} [{self.ratio_p25:.3f}, {self.ratio_p75:.3f}] over "
+            f"{self.rounds} rounds;{memory}: kept {self.kept} ({self.reason})"
+        )
 
 
 def mutated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
@@ -368,22 +362,6 @@ def choose(
     )
 
 
-def choose_among(
-    rounds: dict[str, list[float]],
-    baseline: str,
-    candidates: Sequence[str],
-    margin: float = 0.01,
-    peak_bytes: dict[str, int] | None = None,
-    resident_bytes: int = 0,
-    memory_slack: tuple[float, int] = MEMORY_SLACK,
-) -> GuardResult:
-    """:func:`choose` for each of ``candidates`` against ``baseline``: the fastest candidate
-    that passes (lowest median ratio), or, when none does, the verdict on the first."""
-    results = [choose(rounds, baseline, c, margin, peak_bytes, resident_bytes, memory_slack) for c in candidates]
-    passed = [r for r in results if r.kept != baseline]
-    return min(passed, key=lambda r: r.ratio) if passed else results[0]
-
-
 def resident_bytes(inputs: Sequence[Any]) -> int:
     """Bytes of the storages of the tensors in ``inputs``, each storage once."""
     storages = {
@@ -451,13 +429,10 @@ class _CompileContext:
 
 
 class Deferred:
-    """A program compiled only when a measurement needs it (``compile_s`` says how long it took).
-    ``wanted`` (optional) tells, when it would be compiled as a fallback, whether it can differ
-    from the programs already timed."""
+    """A program compiled only when a measurement needs it (``compile_s`` says how long it took)."""
 
-    def __init__(self, compile: Callable[[], Program], wanted: Callable[[], bool] | None = None):
+    def __init__(self, compile: Callable[[], Program]):
         self._compile, self.compile_s = compile, 0.0
-        self.wanted = wanted or (lambda: True)
         self._context = _CompileContext.capture()
 
     def __call__(self) -> Program:
@@ -591,11 +566,8 @@ def measure_and_choose(
     memory_slack: tuple[float, int] = MEMORY_SLACK,
     layout: list[Any] | None = None,
 ) -> GuardResult:
-    """Time compiled ``programs`` (all computing ``gm``'s function) on ``example_inputs`` and
-    choose between ``baseline`` and ``candidate``; any further program in ``programs`` is a
-    fallback, compiled and timed only when ``candidate`` is not kept (the fastest of them
-    that passes, :func:`choose_among`: a third compile is paid only when it can change the
-    outcome). The RNG state is restored afterwards and the programs run on
+    """Time compiled ``programs[baseline]`` and ``programs[candidate]`` (both computing ``gm``'s
+    function) on ``example_inputs`` and choose between them. The RNG state is restored afterwards and the programs run on
     :func:`timing_inputs` (copies of what they could write; in training, detached aliases of
     the rest). Memory a program holds between steps (its ``held_bytes``, a cache) is added
     to its peak.
@@ -632,24 +604,9 @@ def measure_and_choose(
         layouts: dict[str, list[Any]] = {}
         rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s, layouts)
         result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
-        fallbacks = [
-            name
-            for name, p in programs.items()
-            if name not in (baseline, candidate) and (not isinstance(p, Deferred) or p.wanted())
-        ]
-        if result.kept == baseline and fallbacks:
-            more, more_peaks = _time_programs(
-                programs, [baseline, *fallbacks], inputs, training, budget_s, compile_s, layouts
-            )
-            # (a verdict of their own: the rounds run at another time, on a machine whose load moves)
-            result.fallback = choose_among(
-                more, baseline, fallbacks, margin, more_peaks, resident_bytes(inputs), memory_slack
-            )
-            result.kept = result.fallback.kept
         if layout is not None and result.kept != candidate and layouts.get(result.kept) != [layout]:
-            decided = result.fallback or result
-            decided.reason = (
-                f"{decided.reason}, but {result.kept}'s outputs are laid out "
+            result.reason = (
+                f"{result.reason}, but {result.kept}'s outputs are laid out "
                 "otherwise than the programs compiled after it expect"
             )
             result.kept = candidate

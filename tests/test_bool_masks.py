@@ -188,9 +188,9 @@ def test_rewritten_training_graph_is_measured_against_the_original_with_masks_al
     # in the launches)
     assert report.launches_after < report.launches_before and report.recomputed_masks > 0
     assert report.measured is not None
-    # ours against the masks alone; no second rounds, and no compile of the original
+    # ours against the masks alone, and no compile of the original
     measured = report.measured
-    assert set(measured.step_s) == {"masked", "optimized"} and measured.fallback is None
+    assert set(measured.step_s) == {"masked", "optimized"}
     assert set(measured.compile_s) == {"masked"}, measured.compile_s
     assert measured.kept in ("masked", "optimized")
     assert report.fell_back == (measured.kept == "masked")
