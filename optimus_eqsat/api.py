@@ -23,7 +23,7 @@ from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, imp
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
 from optimus_eqsat.fxvocab.symbolic import PinnedSize
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
-from optimus_eqsat.keep_gradients import keep_gradient_inputs
+from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
 from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
 from optimus_eqsat.own_outputs import contiguous_outputs, own_sliced_outputs
@@ -305,6 +305,7 @@ class OptimizationRun:
         rewritten = contiguous_outputs(gm, result)  # (before the copies below, which are contiguous)
         if self.objective.mode == "training":
             kept = keep_gradient_inputs(gm, result)
+            rewritten += keep_gradient_absences(gm, result)
             rewritten += own_sliced_outputs(gm, result)
             report.kept_gradient_inputs = kept
             rewritten += kept

@@ -7,6 +7,13 @@ weight decay skips parameters whose gradient is None, and DistributedDataParalle
 without ``find_unused_parameters`` fails on a parameter that stopped receiving one.
 Each such input is read again by adding an empty sum of it (exactly zero, whatever
 its values, NaN included) to an output that depended on it.
+
+The other way round, a rewrite may give an input a gradient the original step did not: a
+layer computed only for its side effect (the shared gate of a multi-task model's last
+level, whose batch norm still updates its statistics while its result goes unused) batched
+with live layers reads its weights through the batch, and autograd then gives them zeros
+where the original left None, so weight decay and optimizer state start touching them.
+Such an input is read through a ``detach`` in the optimized graph (:func:`keep_gradient_absences`).
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from optimus_eqsat.fxvocab.meta import meta_value
+from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
+from optimus_eqsat.fxvocab.meta import META_KEYS, meta_value
+from optimus_eqsat.fxvocab.mutation import is_mutating, running_stats_written, written_inputs
 
 
 def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
@@ -54,6 +63,102 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
         optimized.graph.lint()
         optimized.recompile()
     return kept
+
+
+def keep_gradient_absences(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+    """Read through a ``detach``, in ``optimized``, each input requiring a gradient (placeholders
+    matched by position, parameters read by ``get_attr``) that no output of ``original``
+    depends on and some output of ``optimized`` does (:mod:`this module
+    <optimus_eqsat.keep_gradients>`); returns their names. Nothing is changed when ``original``
+    writes a tensor in place that other nodes read (the dependence could then hide in the
+    write)."""
+    if not _writes_are_local(original):
+        return []
+    live_before, live_after = _feeding_outputs(original), _feeding_outputs(optimized)
+    before = [n for n in original.graph.nodes if n.op == "placeholder"]
+    after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
+    cut = []
+    if len(before) == len(after):
+        cut += [new for old, new in zip(before, after) if old not in live_before and _requires_grad(old)]
+    live_parameters = {name for name, reader in _parameter_readers(original) if reader in live_before}
+    read_before = {name for name, _ in _parameter_readers(original)}
+    cut += [
+        n
+        for n in optimized.graph.nodes
+        if n.op == "get_attr" and str(n.target) in read_before - live_parameters and _requires_grad_attr(optimized, n)
+    ]
+    cut = [n for n in cut if n in live_after and n.users]
+    for node in cut:
+        _detach_uses(optimized, node)
+    if cut:
+        optimized.graph.lint()
+        optimized.recompile()
+    return [str(n.target) if n.op == "get_attr" else n.name for n in cut]
+
+
+def _writes_are_local(gm: fx.GraphModule) -> bool:
+    """Whether every in-place write in ``gm`` is a norm's statistics update, or a write that
+    nothing else reads, to a computed tensor that aliases nothing (``relu(x, inplace=True)``
+    on a linear's output) or to an integer input (a batch norm's ``num_batches_tracked``):
+    then the graph's edges show every dependence."""
+    for node in gm.graph.nodes:
+        if not is_mutating(gm, node) or running_stats_written(node):
+            continue
+        for written in written_inputs(gm, node):
+            if any(user is not node for user in written.users):
+                return False
+            if written.op in ("placeholder", "get_attr"):
+                value = meta_value(written)
+                if not isinstance(value, torch.Tensor) or value.is_floating_point():
+                    return False
+            elif canonical_name(written) in ALIASING_OPS:
+                return False
+    return True
+
+
+def _feeding_outputs(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes some output of ``gm`` depends on (itself included)."""
+    reached: set[fx.Node] = set()
+    work = list(gm.graph.output_node().all_input_nodes)
+    while work:
+        node = work.pop()
+        if node not in reached:
+            reached.add(node)
+            work.extend(node.all_input_nodes)
+    return reached
+
+
+def _parameter_readers(gm: fx.GraphModule) -> list[tuple[str, fx.Node]]:
+    """(parameter name, node) for every node reading a parameter that requires a gradient."""
+    reads = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and _requires_grad_attr(gm, node):
+            reads.append((str(node.target), node))
+        elif node.op == "call_module":
+            module = gm.get_submodule(str(node.target))
+            reads += [(f"{node.target}.{name}", node) for name, p in module.named_parameters() if p.requires_grad]
+    return reads
+
+
+def _requires_grad(node: fx.Node) -> bool:
+    value = meta_value(node)
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _requires_grad_attr(gm: fx.GraphModule, node: fx.Node) -> bool:
+    p = _parameter(gm, str(node.target))
+    return p is not None and p.requires_grad
+
+
+def _detach_uses(gm: fx.GraphModule, node: fx.Node) -> None:
+    """Every reader of ``node`` reads ``node.detach()`` instead."""
+    with gm.graph.inserting_after(node):
+        detached = gm.graph.call_method("detach", (node,))
+    node.replace_all_uses_with(detached, delete_user_cb=lambda user: user is not detached)
+    for key in META_KEYS:
+        value = node.meta.get(key)
+        if value is not None:
+            detached.meta[key] = value.detach() if isinstance(value, torch.Tensor) else value
 
 
 def graph_outputs(gm: fx.GraphModule) -> list[fx.Node | None]:

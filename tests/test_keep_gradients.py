@@ -1,4 +1,5 @@
-"""A parameter whose last reader a rewrite removed still gets a (zero) gradient in training."""
+"""A parameter whose last reader a rewrite removed still gets a (zero) gradient in training,
+and one no output depended on gets none, as in eager, though a rewrite batched its layer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from optimus_eqsat import optimize_graph
-from optimus_eqsat.backend import make_backend
+from optimus_eqsat.backend import OptimusBackend, make_backend
 
 
 class SlicesOneTower(nn.Module):
@@ -44,6 +45,70 @@ def test_a_dropped_parameter_gets_zero_gradients_through_the_backend():
         assert ours[name] is not None, name
         torch.testing.assert_close(ours[name], grad)
     assert any(r.kept_gradient_inputs for r in backend.reports)
+
+
+def _dnn(i: int, o: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(i, o), nn.BatchNorm1d(o), nn.ReLU(inplace=True))
+
+
+class UnusedSharedGate(nn.Module):
+    """A multi-task model's last extraction level (deepctr's PLE): the shared experts and the
+    shared gate read the same input through same-shaped layers; the gate's result goes unused
+    there, but its batch norm still updates its statistics (so the layer stays in the graph).
+    ``write_back``: the gate's result is added in place into a tensor an output reads."""
+
+    def __init__(self, write_back: bool = False) -> None:
+        super().__init__()
+        self.write_back = write_back
+        self.bottom = _dnn(10, 16)
+        self.experts = nn.ModuleList(_dnn(16, 16) for _ in range(2))
+        self.shared_gate = _dnn(16, 16)
+        self.gate_final = nn.Linear(16, 2, bias=False)
+        self.tower = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.bottom(x)
+        outs = [e(h) for e in self.experts]
+        gate = self.gate_final(self.shared_gate(h)).softmax(1)
+        shared = gate[:, :1] * outs[0] + gate[:, 1:] * outs[1]  # unused without write_back
+        mixed = outs[0] + outs[1]
+        if self.write_back:
+            mixed.add_(shared)
+        return torch.sigmoid(self.tower(mixed))
+
+
+def _train_both(model: nn.Module, x: torch.Tensor) -> tuple[dict, dict, OptimusBackend]:
+    twin = copy.deepcopy(model)
+    backend = make_backend(measure=False, raise_on_error=True)
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(x).sum().backward()
+    torch._dynamo.reset()
+    twin(x).sum().backward()
+    return _grads(model), _grads(twin), backend
+
+
+def test_a_layer_no_output_reads_gets_no_gradient_when_batched_with_live_ones():
+    """Batched with the experts, the unused gate's linear took zero gradients where eager
+    leaves None (weight decay and optimizer state then touch it)."""
+    torch.manual_seed(0)
+    ours, eager, backend = _train_both(UnusedSharedGate(), torch.randn(32, 10))
+    assert eager["shared_gate.0.weight"] is None
+    for name, grad in eager.items():
+        assert (ours[name] is None) == (grad is None), name
+        if grad is not None:
+            torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5)
+    assert backend.reports[0].changed and backend.reports[0].batched
+
+
+def test_an_input_written_into_a_read_tensor_keeps_its_gradient():
+    """The gate's result added in place into a tensor the output reads: the graph's edges do
+    not show that dependence, so nothing is cut, and the gate's gradients are eager's."""
+    torch.manual_seed(0)
+    ours, eager, _ = _train_both(UnusedSharedGate(write_back=True), torch.randn(32, 10))
+    assert eager["shared_gate.0.weight"] is not None
+    for name, grad in eager.items():
+        assert ours[name] is not None, name
+        torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5)
 
 
 def test_a_dropped_attribute_of_a_traced_graph_is_read_again_in_training():
