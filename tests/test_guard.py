@@ -465,3 +465,17 @@ def test_a_deferred_compile_sees_the_inputs_as_dynamo_fakeified_them():
     assert TracingContext.try_get() is None and x not in context.tensor_to_context
     Deferred(compile_now)()  # (made outside any context: none is made up)
     assert seen[-1] == (None, None)
+
+
+def test_timing_copies_keep_their_inputs_strides():
+    """A graph break can leave column slices of a wider input as a graph's inputs (deepctr's
+    DIN: ``X[:, k:k + 1]``, strides (17, 1)); a compiled program asserts its inputs' strides,
+    and ``clone`` made the copies contiguous: the timing failed and the original was kept."""
+    from optimus_eqsat.fxvocab.meta import copied_inputs
+
+    wide = torch.randn(32, 17)
+    column, expanded = wide[:, 4:5], torch.randn(32, 1).expand(32, 8)
+    copies = copied_inputs([column, expanded], 1 << 20)
+    assert copies[0].stride() == (17, 1) and torch.equal(copies[0], column)
+    assert copies[0].untyped_storage().data_ptr() != wide.untyped_storage().data_ptr()
+    assert torch.equal(copies[1], expanded)  # (overlapping elements: a plain clone)

@@ -234,9 +234,31 @@ def copied_inputs(
             size = x.untyped_storage().nbytes()
             if k in must or (may(x) and size <= budget_bytes):
                 budget_bytes -= 0 if k in must else size
-                x = x.detach().clone().requires_grad_(x.requires_grad)
+                x = same_layout_copy(x)
         out.append(x)
     return out
+
+
+def same_layout_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with its strides (``clone`` makes a column slice contiguous, and a
+    compiled program asserts its inputs' strides), as a leaf that requires grad as ``x`` does.
+    A tensor whose elements overlap (an expanded one) is cloned."""
+    if _overlaps(x):
+        copy = x.detach().clone()
+    else:
+        copy = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x.detach())
+    return copy.requires_grad_(x.requires_grad)
+
+
+def _overlaps(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` share memory (each dimension's stride, smallest first,
+    must step past everything the smaller ones span)."""
+    span = 0
+    for size, stride in sorted((d for d in zip(x.shape, x.stride()) if d[0] > 1), key=lambda d: d[1]):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
 
 
 def input_versions(inputs: Sequence[Any]) -> dict[int, int]:
