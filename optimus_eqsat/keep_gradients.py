@@ -111,9 +111,16 @@ def _writes_are_local(gm: fx.GraphModule) -> bool:
                 value = meta_value(written)
                 if not isinstance(value, torch.Tensor) or value.is_floating_point():
                     return False
-            elif canonical_name(written) in ALIASING_OPS:
+            elif canonical_name(written) in ALIASING_OPS | _MAY_RETURN_INPUT:
                 return False
     return True
+
+
+# Ops that return their input itself when there is nothing to convert (``x.float()`` on a float
+# tensor): a write to their result is a write to the input.
+_MAY_RETURN_INPUT = frozenset(
+    {"to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "cpu", "cuda", "view_as"}
+)
 
 
 def _feeding_outputs(gm: fx.GraphModule) -> set[fx.Node]:

@@ -129,3 +129,27 @@ def test_inference_adds_nothing():
     optimized = optimize_graph(gm, (torch.randn(3, 4),), mode="inference", raise_on_error=True)
     assert optimized.meta["optimus_eqsat"].kept_gradient_inputs == []
     assert not any(n.op == "get_attr" and n.target.startswith("b") for n in optimized.graph.nodes)
+
+
+def test_only_local_writes_let_dependence_be_read_from_the_edges():
+    """A write to a tensor nothing else reads is local; one through a conversion that may return
+    its input (``x.float()`` on a float tensor), or to a tensor read again, is not."""
+    from optimus_eqsat.keep_gradients import _writes_are_local
+
+    class Local(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.relu(self.lin(x), inplace=True)
+
+    assert _writes_are_local(torch.fx.symbolic_trace(Local()))
+    assert not _writes_are_local(torch.fx.symbolic_trace(lambda x: x.float().relu_()))
+
+    def read_again(x: torch.Tensor) -> torch.Tensor:
+        h = x * 2
+        h.add_(1)
+        return h + 1
+
+    assert not _writes_are_local(torch.fx.symbolic_trace(read_again))
