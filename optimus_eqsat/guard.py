@@ -567,9 +567,9 @@ def measure_and_choose(
     layout: list[Any] | None = None,
 ) -> GuardResult:
     """Time compiled ``programs[baseline]`` and ``programs[candidate]`` (both computing ``gm``'s
-    function) on ``example_inputs`` and choose between them. The RNG state is restored afterwards and the programs run on
-    :func:`timing_inputs` (copies of what they could write; in training, detached aliases of
-    the rest). Memory a program holds between steps (its ``held_bytes``, a cache) is added
+    function) on ``example_inputs`` and choose between them. The RNG state is restored
+    afterwards and the programs run on :func:`timing_inputs` (copies of what they could write;
+    in training, detached aliases of the rest). Memory a program holds between steps (its ``held_bytes``, a cache) is added
     to its peak.
 
     A :class:`Deferred` program is compiled here, replaced in ``programs`` by what it made.

@@ -80,12 +80,12 @@ def keep_gradient_absences(original: fx.GraphModule, optimized: fx.GraphModule) 
     cut = []
     if len(before) == len(after):
         cut += [new for old, new in zip(before, after) if old not in live_before and _requires_grad(old)]
-    live_parameters = {name for name, reader in _parameter_readers(original) if reader in live_before}
-    read_before = {name for name, _ in _parameter_readers(original)}
+    readers = _parameter_readers(original)
+    dead_parameters = {name for name, _ in readers} - {name for name, reader in readers if reader in live_before}
     cut += [
         n
         for n in optimized.graph.nodes
-        if n.op == "get_attr" and str(n.target) in read_before - live_parameters and _requires_grad_attr(optimized, n)
+        if n.op == "get_attr" and str(n.target) in dead_parameters and _requires_grad_attr(optimized, n)
     ]
     cut = [n for n in cut if n in live_after and n.users]
     for node in cut:
@@ -175,18 +175,12 @@ def graph_outputs(gm: fx.GraphModule) -> list[fx.Node | None]:
 
 
 def _parameter_reads(gm: fx.GraphModule) -> dict[str, fx.Node]:
-    """Parameters that require gradients, read by get_attr or module calls -> the first node
-    reading each."""
+    """Parameters that require gradients, read by get_attr (with users) or module calls -> the
+    first node reading each."""
     reads: dict[str, fx.Node] = {}
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and node.users:
-            p = _parameter(gm, str(node.target))
-            if p is not None and p.requires_grad:
-                reads.setdefault(str(node.target), node)
-        elif node.op == "call_module":
-            for name, p in gm.get_submodule(str(node.target)).named_parameters():
-                if p.requires_grad:
-                    reads.setdefault(f"{node.target}.{name}", node)
+    for name, node in _parameter_readers(gm):
+        if node.op != "get_attr" or node.users:
+            reads.setdefault(name, node)
     return reads
 
 

@@ -68,9 +68,10 @@ def optimize_aten_graph(
     whose storage Inductor's checks of a rewritten graph cannot read). The graph is
     rewritten only when the optimizer's program is predicted to launch fewer kernels
     (``require_fewer_launches=False``: whenever the optimizer keeps its program, as the
-    fuzzer wants); on a failure it is left as it was and the exception propagates. ``turn_off_inplace``: once rewritten, the graph is compiled
-    without in-place buffers (:func:`~..inductor_compat.turn_off_inplace_buffers`: only
-    inside a compile whose config patches restore them)."""
+    fuzzer wants); on a failure it is left as it was and the exception propagates.
+    ``turn_off_inplace``: once rewritten, the graph is compiled without in-place buffers
+    (:func:`~..inductor_compat.turn_off_inplace_buffers`: only inside a compile whose config
+    patches restore them)."""
     inputs = fake_inputs(graph)
     if inputs is None or _holds_sparse_tensors(graph):
         return None
