@@ -21,7 +21,7 @@ from optimus_eqsat.extract.extractors import get_extractor
 from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
-from optimus_eqsat.fxvocab.symbolic import PinnedSize
+from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
 from optimus_eqsat.objective import Objective, predict
@@ -80,7 +80,7 @@ def optimize_graph(
             run = OptimizationRun(gm, example_inputs, opts, report)
             result = run.optimize()
             wants_meta = run._wants_meta
-    except PinnedSize as exc:  # declined, not failed: the graph is returned as it is
+    except DeclinedGraph as exc:  # declined, not failed: the graph is returned as it is
         log.info("optimus_eqsat: graph declined: %s", exc)
         report.fall_back(f"declined: {exc}")
         result = copy_module(gm)
@@ -149,6 +149,7 @@ class OptimizationRun:
         self.budget = budget = Budget(opts.time_limit_s)  # the whole run's (optimus_eqsat/budget.py)
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
+            decline_data_dependent_sizes(self.gm)
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
             self.translation = t = translate(before_translation(self.gm), self.example_inputs)
         budget.fx_nodes = len(t.nodes)

@@ -462,3 +462,41 @@ def test_the_backend_leaves_a_graph_with_lifted_floats_to_inductors_restart():
     (report,) = backend.reports
     assert report.fell_back and "re-traces" in report.fallback_reason and report.phase_seconds == {}
     assert len(calls) == 1
+
+
+class RoutedExperts(nn.Module):
+    """Top-1 routed experts written as Mixtral's block writes them: each expert reads the rows
+    ``torch.where`` routes to it (a data-dependent count) and adds its output back with
+    ``index_add_``."""
+
+    def __init__(self, dim: int = 8, n_experts: int = 3):
+        super().__init__()
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 16), nn.SiLU(), nn.Linear(16, dim)) for _ in range(n_experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, chosen = self.gate(x).softmax(-1).max(-1)
+        out = torch.zeros_like(x)
+        for k, expert in enumerate(self.experts):
+            (rows,) = torch.where(chosen == k)
+            out = out.index_add(0, rows, expert(x[rows]) * weight[rows, None])
+        return out
+
+
+def test_a_graph_with_data_dependent_sizes_is_declined():
+    """Sizes Dynamo captured from data (``torch.where`` under ``capture_dynamic_output_shape_ops``)
+    are unbacked symbols: a rebuilt graph's fake run would mint new ones the graph never binds
+    (Inductor refuses it), so such a graph is declined, with the reason in the report."""
+    torch.manual_seed(0)
+    model = RoutedExperts()
+    x = torch.randn(12, 8)
+    backend = make_backend(measure=False, profile="h100", raise_on_error=True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        got = compiled(x)
+    torch.testing.assert_close(got, model(x))
+    reasons = [r.fallback_reason or "" for r in backend.reports]
+    assert reasons and all("data-dependent" in r for r in reasons), reasons

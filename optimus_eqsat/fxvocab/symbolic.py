@@ -29,12 +29,38 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 SYMBOL_BASE = -(10**9)  # codes are SYMBOL_BASE - k: far from any size or size arithmetic
 UNHINTED_SIZE = 8192  # the price of a size with no hint (data dependent): Inductor's own fallback
 
 
-class PinnedSize(Exception):
+class DeclinedGraph(Exception):
+    """A graph the optimizer leaves as it is: a decline, not a failure (``raise_on_error`` does
+    not raise it); the reason goes to the report."""
+
+
+class DataDependentSize(DeclinedGraph):
+    """A graph holds a size Dynamo read from data (an unbacked symbol: ``torch.where``,
+    ``nonzero`` or ``.item()`` under ``capture_dynamic_output_shape_ops`` /
+    ``capture_scalar_outputs``). Such graphs are declined: a rebuilt graph's fake run mints new
+    symbols for those sizes that no node of the graph binds, and Inductor refuses the graph."""
+
+
+def decline_data_dependent_sizes(gm: torch.fx.GraphModule) -> None:
+    """Raise :class:`DataDependentSize` when any node's traced value holds an unbacked symbol."""
+    for n in gm.graph.nodes:
+        value = n.meta.get("val", n.meta.get("example_value"))
+        try:
+            unbacked = free_unbacked_symbols(value)
+        except Exception:  # a value free_symbols cannot read (an opaque object): holds no size
+            continue
+        if unbacked:
+            names = ", ".join(sorted(str(s) for s in unbacked))
+            raise DataDependentSize(f"{n.name} has data-dependent sizes ({names})")
+
+
+class PinnedSize(DeclinedGraph):
     """A graph holds a symbolic size that Dynamo's guards pin to a constant. Such graphs are
     declined (optimized as they are, i.e. not at all): Dynamo's meta writes the pinned size
     sometimes as the expression and sometimes as the constant, so shapes the rules derive
