@@ -33,7 +33,11 @@ DEADLINE_S = 480
 # DDP the backend compiles each backward with its forward, which AOTAutograd compiles donating
 # the saved buffers unless told not to: that backward then refused retain_graph (Inductor
 # alone runs it).
-DISTRIBUTED_CASES = ("ddp", "ddp_small_buckets", "ddp_task_losses", "fsdp2", "fsdp2_per_module")
+# ddp_library_ple: deepctr's PLE as the library writes it (Linear -> BatchNorm1d -> ReLU experts
+# and gates, the last level's shared gate computed and unused) under DDP with
+# find_unused_parameters=True, against eager DDP: batch statistics are per rank there, and the
+# unused gate must stay without gradients for DDP to find it.
+DISTRIBUTED_CASES = ("ddp", "ddp_small_buckets", "ddp_task_losses", "ddp_library_ple", "fsdp2", "fsdp2_per_module")
 LOCAL_CASES = ("compiled_autograd", "checkpoint")  # one on each rank, after the distributed ones
 # Under pytest-xdist (.ci/run), every test here runs on one worker: the spawn (a module fixture) once.
 pytestmark = pytest.mark.xdist_group("distributed")
@@ -94,12 +98,57 @@ def _max_difference(model: nn.Module, reference: nn.Module) -> float:
     return max((a.detach() - b.detach()).abs().max().item() for a, b in zip(full, reference.parameters()))
 
 
+def _run_library_case(rank: int, world: int) -> dict:
+    """deepctr's PLE (tests/library_style.py, small sizes, dropout 0) trained under DDP with the
+    default backend and, in the same process, under eager DDP; parameters and batch-norm
+    statistics compared after ``STEPS`` SGD steps, and which parameters got no gradient."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from optimus_eqsat.backend import _DEFAULT
+    from tests.library_style import DeepctrPLE, deepctr_inputs
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    sizes = {"expert_dnn_hidden_units": (32, 16), "gate_dnn_hidden_units": (8,), "tower_dnn_hidden_units": (8,)}
+    # (deepctr's default init_std=1e-4 leaves batch norms dividing float noise by tiny spreads:
+    # Inductor alone ends 1e-3 from eager there; 0.01 keeps both within 1e-6)
+    model = DeepctrPLE(dnn_use_bn=True, init_std=0.01, **sizes).train()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(DDP(model, find_unused_parameters=True), backend="optimus_eqsat")
+    eager = DDP(reference, find_unused_parameters=True)
+    start = len(_DEFAULT.reports)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, reference)]
+    no_gradient = []
+    for step in range(STEPS):
+        x = deepctr_inputs(world * BATCH, seed=step).chunk(world)[rank]
+        for run, owner, optimizer in zip((compiled, eager), (model, reference), optimizers):
+            run(x).square().mean().backward()
+            no_gradient.append(sorted(n for n, p in owner.named_parameters() if p.grad is None))
+            optimizer.step()
+            optimizer.zero_grad()
+    state, want = model.state_dict(), reference.state_dict()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return {
+        "eager_difference": max((state[k].float() - want[k].float()).abs().max().item() for k in want),
+        "identical": all(torch.equal(gathered[0], other) for other in gathered[1:]),
+        "graphs": len(_DEFAULT.reports) - start,
+        "from_cache": sum(r.from_cache for r in _DEFAULT.reports[start:]),
+        "no_gradient": no_gradient,
+    }
+
+
 def _run_case(case: str, rank: int, world: int) -> dict:
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from optimus_eqsat.backend import _DEFAULT
 
+    if case == "ddp_library_ple":
+        return _run_library_case(rank, world)
     torch._dynamo.reset()
     batches = _batches(world)
     task_losses = case == "ddp_task_losses"
@@ -266,6 +315,10 @@ def test_two_ranks_train_as_eager_under_the_default_backend(distributed_results:
         assert result["identical"], "the ranks' parameters differ"
         assert result["eager_difference"] <= TOLERANCE, result
         assert result["graphs"] > 0  # the backend compiled the model's graphs
+    if case == "ddp_library_ple":
+        for result in results:
+            compiled, eager = result["no_gradient"][0::2], result["no_gradient"][1::2]
+            assert compiled == eager and all(eager), result  # the last level's shared gate: no gradient
     if case == "ddp_small_buckets":
         # The backend optimized the whole graph (the experts and towers batched across the
         # buckets), then DDPOptimizer cut both programs and ran their pieces on fake tensors; the
