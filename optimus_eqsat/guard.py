@@ -85,11 +85,13 @@ class GuardResult:
     peak_bytes: dict[str, int] = field(default_factory=dict)  # peak memory of one step, above the start
     resident_bytes: int = 0  # the step's inputs, parameters included: held by both programs
     timing_s: float = 0.0  # wall seconds the measurement took (warm-up, rounds, memory)
+    # each program's first step in the measurement: in training it compiles the backward
+    first_step_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def overhead_s(self) -> float:
         """What the measured choice cost: compiling the original and timing both."""
-        return self.timing_s + sum(self.compile_s.values())
+        return self.timing_s + sum(self.compile_s.values()) + sum(self.first_step_s.values())
 
     def summary(self) -> str:
         if not self.rounds:
@@ -586,9 +588,10 @@ def measure_and_choose(
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     compile_s: dict[str, float] = {}
+    first_step_s: dict[str, float] = {}
     try:
         if rewritten is not None:
-            step_function(programs[candidate], inputs, training)()
+            first_step_s[candidate] = _time(step_function(programs[candidate], inputs, training), 1)
             if not rewritten(training):
                 # (no timing_s: that step was mostly the backward's compile, which any compile pays)
                 return GuardResult(
@@ -602,7 +605,9 @@ def measure_and_choose(
                     "recomputed), compiled once",
                 )
         layouts: dict[str, list[Any]] = {}
-        rounds, peaks = _time_programs(programs, [baseline, candidate], inputs, training, budget_s, compile_s, layouts)
+        rounds, peaks = _time_programs(
+            programs, [baseline, candidate], inputs, training, budget_s, compile_s, layouts, first_step_s
+        )
         result = choose(rounds, baseline, candidate, margin, peaks, resident_bytes(inputs), memory_slack)
         if layout is not None and result.kept != candidate and layouts.get(result.kept) != [layout]:
             result.reason = (
@@ -615,8 +620,8 @@ def measure_and_choose(
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
         warn_if_written(example_inputs, before, "timing the programs")  # (an op no analysis knows)
-    result.compile_s = compile_s
-    result.timing_s = time.perf_counter() - start - sum(compile_s.values())
+    result.compile_s, result.first_step_s = compile_s, first_step_s
+    result.timing_s = time.perf_counter() - start - sum(compile_s.values()) - sum(first_step_s.values())
     return result
 
 
@@ -628,16 +633,23 @@ def _time_programs(
     budget_s: float,
     compile_s: dict[str, float],
     layouts: dict[str, list[Any]] | None = None,
+    first_step_s: dict[str, float] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Interleaved rounds and step peaks of ``programs[names]``, compiling any still
     :class:`Deferred` (its compile time goes to ``compile_s``); ``layouts`` (optional)
-    receives each program's output layout."""
+    receives each program's output layout. ``first_step_s`` (optional) receives the time of
+    the first step of each program not in it yet (a training step's backward compiles there:
+    Inductor's work, not the timing's)."""
     for name in names:
         program = programs[name]
         if isinstance(program, Deferred):
             programs[name], compile_s[name] = program(), program.compile_s
     seen: dict[str, list[Any]] = {name: [] for name in names}
     steps = {name: step_function(programs[name], inputs, training, seen[name]) for name in names}
+    if first_step_s is not None:
+        for name in names:
+            if name not in first_step_s:
+                first_step_s[name] = _time(steps[name], 1)
     rounds = time_interleaved(steps, budget_s=budget_s)
     on_cuda = _on_cuda(inputs)
     peaks = {

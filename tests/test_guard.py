@@ -253,6 +253,29 @@ def test_a_deferred_original_is_compiled_only_when_a_pass_rewrote_the_candidate(
     assert not isinstance(programs["original"], Deferred)  # the compiled program replaced it
 
 
+def test_a_first_step_that_compiles_is_reported_apart_from_the_timing():
+    """In training a program's backward compiles on its first call, inside the measurement: the
+    compile split reports each program's first step on its own, not as timing."""
+    from optimus_eqsat.report import OptimizeReport
+
+    def lazily_compiled(x):
+        if not calls:
+            time.sleep(0.3)  # a backward's compile, on the first call only
+        calls.append(1)
+        return x * 2
+
+    calls: list[int] = []
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    x = torch.randn(3, requires_grad=True)
+    result = measure_and_choose(
+        {"original": gm, "optimized": lazily_compiled}, gm, [x], training=True, budget_s=0.0, rewritten=lambda _t: True
+    )
+    assert set(result.first_step_s) == {"original", "optimized"} and result.first_step_s["optimized"] >= 0.3
+    assert result.timing_s < 0.3 <= result.overhead_s
+    report = OptimizeReport(measured=result)
+    assert "first steps (a training backward compiles there) ours 0.3" in report.compile_split()
+
+
 def test_backend_compiles_once_and_times_nothing_when_no_pass_rewrote(monkeypatch):
     import torch._inductor.compile_fx as cfx
 
