@@ -154,6 +154,8 @@ class OptimizationRun:
             self.translation = t = translate(before_translation(self.gm), self.example_inputs)
         budget.fx_nodes = len(t.nodes)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
+        if not t.roots:  # (pieces Dynamo hands over may return only None or constants)
+            raise DeclinedGraph("no output or kept op reads a tensor the graph computes: nothing to optimize")
         with phase(report, "load"):
             budget.check("loading the graph")
             self.session = EGraphSession(rulesets)

@@ -91,6 +91,18 @@ def test_nothing_to_optimize_is_unchanged():
     assert op_counts(optimized) == op_counts(gm)
 
 
+@pytest.mark.parametrize("returns", [lambda x: None, lambda x: (1, 2)], ids=["none", "constants"])
+def test_a_graph_returning_no_computed_tensor_is_declined_quietly(returns, caplog):
+    """A graph returning only None or constants (Dynamo hands such pieces over): nothing to extract is a decline
+    (the graph as it is, the reason in the report), not a failure with a warning."""
+    gm = torch.fx.symbolic_trace(returns)
+    with caplog.at_level(logging.WARNING, logger="optimus_eqsat"):
+        result = optimize_graph(gm, (torch.randn(3, 2),), raise_on_error=True)
+    assert "nothing to optimize" in result.meta["optimus_eqsat"].fallback_reason
+    assert not caplog.records
+    assert result(torch.randn(5, 2)) == returns(torch.randn(5, 2))
+
+
 def test_a_predicted_gain_below_min_gain_keeps_the_original():
     gm = torch.fx.symbolic_trace(Model())
     x = torch.randn(5, 12)
