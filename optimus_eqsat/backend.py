@@ -36,6 +36,7 @@ from optimus_eqsat.inductor_compat import (
     first_line,
     inductor_patches,
     is_dynamo_signal,
+    is_graph_break_request,
     lifted_float_inputs,
 )
 from optimus_eqsat.objective import freezing_enabled
@@ -395,9 +396,13 @@ def _compile(
             raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again
         # Inductor's own passes can trip on shapes they do not expect (its attention-fusion
         # pattern on a folded q/k/v permute, for one). Never fail the user's
-        # compile for it: compile the graph Dynamo gave us instead.
-        log.warning(
-            "optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original", first_line(exc)
+        # compile for it: compile the graph Dynamo gave us instead. An op Inductor cannot
+        # compile at all (a data-dependent output shape) fails the original the same way, and
+        # Dynamo splits the graph there as it does for Inductor alone: not worth a warning.
+        log.log(
+            logging.INFO if is_graph_break_request(exc) else logging.WARNING,
+            "optimus_eqsat: Inductor failed on the optimized graph (%s); compiling the original",
+            first_line(exc),
         )
         report.fall_back(f"Inductor: {type(exc).__name__}: {exc}"[:500])
         return None

@@ -120,6 +120,17 @@ def is_dynamo_signal(exc: BaseException) -> bool:
     return isinstance(exc, (RestartAnalysis, SkipFrame))
 
 
+def is_graph_break_request(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the fake-tensor errors Dynamo answers with a graph break when a
+    backend raises it (an op whose output shape depends on data, such as the ``nonzero`` in the
+    backward of ``out[mask] = value``): Inductor raises it on the original graph as well."""
+    try:
+        from torch._dynamo.exc import exceptions_allowed_to_be_fallback
+    except ImportError:  # a torch without Dynamo
+        return False
+    return isinstance(exc, exceptions_allowed_to_be_fallback)
+
+
 def lifted_float_inputs(gm: torch.fx.GraphModule) -> list[str]:
     """Placeholders that are float attributes Dynamo lifted to 0-d float64 tensor inputs,
     read back with ``.item()`` (a norm's momentum or eps, a dropout's p, under

@@ -162,6 +162,38 @@ def test_inductor_failure_on_the_optimized_graph_falls_back_to_the_original(monk
     assert backend.reports[-1].fell_back
 
 
+class MaskedWriteBack(nn.Module):
+    """Towers whose outputs are then overwritten where a mask says, as deepctr's DIEN writes its
+    interest states back (``zero_outputs[mask] = outputs``): the backward of that bool-mask
+    ``index_put`` needs ``nonzero``, which Inductor cannot compile (a data-dependent shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.towers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x, mask, value):
+        out = torch.cat([torch.relu(tower(x)) for tower in self.towers], 1)
+        out[mask] = value
+        return out
+
+
+def test_an_op_inductor_cannot_compile_is_left_to_dynamo_without_a_warning(caplog):
+    """Inductor raises on the original as on ours, and Dynamo splits the graph as it does for
+    Inductor alone: our fallback to the original is no news, logged at INFO."""
+    torch.manual_seed(0)
+    model = MaskedWriteBack()
+    x, mask = torch.randn(6, 4), torch.tensor([True, False, True, True, False, True])
+    value = torch.randn(4, 12, requires_grad=True)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger="optimus_eqsat"):
+        out = torch.compile(model, backend=make_backend(measure=False))(x, mask, value)
+        out.sum().backward()
+    want = model(x, mask, value.detach())
+    torch.testing.assert_close(out, want)
+    assert torch.equal(value.grad, torch.ones(4, 12))
+    assert not caplog.records, caplog.text
+
+
 def test_dynamo_restart_signals_pass_through_the_backend(monkeypatch):
     import torch._inductor.compile_fx as cfx
     from torch._dynamo.exc import TensorifyScalarRestartAnalysis
