@@ -379,6 +379,7 @@ def load_decision(key: str | None) -> StoredDecision | None:
     earlier = replace(
         stored.measured,
         compile_s={},
+        first_step_s={},
         timing_s=0.0,
         reason=f"{stored.measured.reason}; an earlier run's measurement, cached",
     )
