@@ -21,6 +21,7 @@ from optimus_eqsat.extract.extractors import get_extractor
 from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
+from optimus_eqsat.fxvocab import flat_example_inputs
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
@@ -69,6 +70,7 @@ def optimize_graph(
     opts = OptimizeOptions.from_kwargs(**options)
     if not isinstance(gm, torch.fx.GraphModule):
         raise TypeError(f"optimize_graph takes a torch.fx.GraphModule, got {type(gm).__name__}")
+    example_inputs = flat_example_inputs(gm, example_inputs)  # (an exported module's call inputs)
     key = program_key(gm, example_inputs, opts)
     cached = load_program(key, gm, example_inputs) if key is not None else None
     if cached is not None:

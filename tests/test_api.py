@@ -82,6 +82,30 @@ def test_export_graph():
     assert optimized.meta["optimus_eqsat"].rules_fired
 
 
+class DictTowers(nn.Module):
+    """Towers over features passed as a dict, as rechub models take their inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.towers = nn.ModuleDict({name: nn.Linear(4, 3) for name in ("user", "item", "context")})
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([torch.relu(self.towers[name](x)) for name, x in features.items()], 1)
+
+
+def test_an_exported_module_takes_its_example_inputs_as_it_is_called():
+    """``ExportedProgram.module()`` is called with the user's pytree (a dict of features) and
+    flattens it into its placeholders; example inputs given that way are flattened the same way
+    (by the program's input spec, so the dict's order does not matter)."""
+    model = DictTowers()
+    features = {name: torch.randn(6, 4) for name in ("user", "item", "context")}
+    gm = torch.export.export(model, (features,)).module()
+    reordered = dict(reversed(list(features.items())))
+    optimized = optimize_graph(gm, (reordered,), raise_on_error=True)
+    torch.testing.assert_close(optimized(features), model(features))
+    assert optimized.meta["optimus_eqsat"].batched  # the towers batched: the inputs were read
+
+
 def test_nothing_to_optimize_is_unchanged():
     def f(x, w):
         return torch.nn.functional.linear(x, w).cumsum(0)

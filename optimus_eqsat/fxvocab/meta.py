@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.fx._pytree as fx_pytree
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.fx.node import map_aggregate
 
@@ -133,6 +134,26 @@ def fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
 
 class ExampleInputError(ValueError):
     """Example inputs that do not fit the graph (a caller's mistake)."""
+
+
+def flat_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None) -> Sequence[Any] | None:
+    """``example_inputs`` as the graph's placeholders take them. A module from ``torch.export``
+    (``ExportedProgram.module()``) is called with the program's inputs as the user passes them
+    (a dict of features, say) and flattens them into its placeholders by its input spec: example
+    inputs given that way are flattened the same way. Others are returned as they are."""
+    codegen = gm.graph._codegen
+    if example_inputs is None or not isinstance(codegen, torch.fx.graph._PyTreeCodeGen):
+        return example_inputs
+    placeholders = sum(n.op == "placeholder" for n in gm.graph.nodes)
+    if len(example_inputs) == placeholders and not any(isinstance(x, (dict, list, tuple)) for x in example_inputs):
+        return example_inputs
+    given = (tuple(example_inputs), {})
+    try:
+        flat = list(fx_pytree.tree_flatten_spec(given, codegen.pytree_info.in_spec))
+    except Exception:  # not the module's call signature: check_example_inputs names the mismatch
+        return example_inputs
+    # (the spec reads what it knows and ignores the rest: an input too many must stay an error)
+    return flat if len(flat) == len(torch.utils._pytree.tree_leaves(given)) else example_inputs
 
 
 def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
