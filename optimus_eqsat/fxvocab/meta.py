@@ -147,7 +147,7 @@ def flat_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] 
     placeholders = sum(n.op == "placeholder" for n in gm.graph.nodes)
     if len(example_inputs) == placeholders and not any(isinstance(x, (dict, list, tuple)) for x in example_inputs):
         return example_inputs
-    given = (tuple(example_inputs), {})
+    given: tuple[tuple[Any, ...], dict[str, Any]] = (tuple(example_inputs), {})
     try:
         flat = list(fx_pytree.tree_flatten_spec(given, codegen.pytree_info.in_spec))
     except Exception:  # not the module's call signature: check_example_inputs names the mismatch
