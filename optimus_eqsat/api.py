@@ -79,6 +79,7 @@ def optimize_graph(
     wants_meta = None  # whether the run propagated fake-tensor meta (known once it ran)
     try:
         with gc_paused():
+            decline_gradient_hooks(gm)
             run = OptimizationRun(gm, example_inputs, opts, report)
             result = run.optimize()
             wants_meta = run._wants_meta
@@ -104,6 +105,25 @@ def optimize_graph(
     if key is not None:
         store_program(key, gm, result, report, bool(wants_meta))
     return result
+
+
+#: Tensor methods that register a gradient hook (Dynamo keeps them in the graph, as a method or
+#: as a function of the tensor and a hook body it lifts)
+GRADIENT_HOOKS = frozenset({"register_hook", "register_post_accumulate_grad_hook"})
+
+
+def decline_gradient_hooks(gm: torch.fx.GraphModule) -> None:
+    """Raise :class:`DeclinedGraph` when the graph registers a gradient hook on one of its tensors
+    (``emb.register_hook(...)`` in a forward): the whole gradient must reach that tensor, and a
+    rewrite that computes its readers from what made it would bypass the hook."""
+    hooked = [
+        n.name
+        for n in gm.graph.nodes
+        if n.op in ("call_method", "call_function")
+        and (n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")) in GRADIENT_HOOKS
+    ]
+    if hooked:
+        raise DeclinedGraph(f"gradient hooks registered in the graph ({', '.join(hooked[:4])}): left as it is")
 
 
 class OptimizationRun:
