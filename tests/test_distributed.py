@@ -91,11 +91,24 @@ def _eager(batches: list[torch.Tensor], task_losses: bool = False) -> nn.Module:
     return model
 
 
-def _max_difference(model: nn.Module, reference: nn.Module) -> float:
+def _full_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """The model's parameters, FSDP2's shards gathered whole, detached."""
     from torch.distributed.tensor import DTensor
 
-    full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
-    return max((a.detach() - b.detach()).abs().max().item() for a, b in zip(full, reference.parameters()))
+    return [(p.full_tensor() if isinstance(p, DTensor) else p).detach() for p in model.parameters()]
+
+
+def _max_difference(model: nn.Module, reference: nn.Module) -> float:
+    full = _full_parameters(model)
+    return max((a - b.detach()).abs().max().item() for a, b in zip(full, reference.parameters()))
+
+
+def _identical_across_ranks(model: nn.Module, world: int) -> bool:
+    """Whether every rank holds the same parameters."""
+    flat = torch.cat([p.reshape(-1) for p in _full_parameters(model)])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return all(torch.equal(gathered[0], other) for other in gathered[1:])
 
 
 def _run_library_case(rank: int, world: int) -> dict:
@@ -129,12 +142,9 @@ def _run_library_case(rank: int, world: int) -> dict:
             optimizer.step()
             optimizer.zero_grad()
     state, want = model.state_dict(), reference.state_dict()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
     return {
         "eager_difference": max((state[k].float() - want[k].float()).abs().max().item() for k in want),
-        "identical": all(torch.equal(gathered[0], other) for other in gathered[1:]),
+        "identical": _identical_across_ranks(model, world),
         "graphs": len(_DEFAULT.reports) - start,
         "from_cache": sum(r.from_cache for r in _DEFAULT.reports[start:]),
         "no_gradient": no_gradient,
@@ -142,7 +152,6 @@ def _run_library_case(rank: int, world: int) -> dict:
 
 
 def _run_case(case: str, rank: int, world: int) -> dict:
-    from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from optimus_eqsat.backend import _DEFAULT
@@ -179,15 +188,10 @@ def _run_case(case: str, rank: int, world: int) -> dict:
         compiled = torch.compile(model, backend="optimus_eqsat")
         reports = len(_DEFAULT.reports)
         _train(model, compiled, batches, lambda batch: batch.chunk(world)[rank])
-    flat = torch.cat(
-        [(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1) for p in model.parameters()]
-    )
-    gathered = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(gathered, flat)
     ours = _DEFAULT.reports[reports:]
     return {
         "eager_difference": _max_difference(model, reference),
-        "identical": all(torch.equal(gathered[0], other) for other in gathered[1:]),
+        "identical": _identical_across_ranks(model, world),
         "graphs": len(ours),
         "measured": [r.measured.summary() for r in ours if r.measured is not None],
         "from_cache": sum(r.from_cache for r in ours),
