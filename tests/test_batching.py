@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.api import OptimizationRun, OptimizeOptions
+from optimus_eqsat.fxvocab import canonical_name
 from tests.helpers import assert_same_numerics, op_counts, optimize_and_check
 
 FEATURES, WIDTH = 6, 8
@@ -122,6 +123,35 @@ def test_batched_alternative_is_correct(module, shape, op, kind):
     program, report = batched_program(module, torch.randn(*shape))
     assert report.batched.get(kind), report.batched
     assert op_counts(program)[op] == 1, dict(op_counts(program))
+
+
+class SharedInputExperts(nn.Module):
+    """Same-shaped experts reading one input (an MMoE's), mixed by a weighted sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(WIDTH, 5) for _ in range(4))
+
+    def forward(self, x):
+        return sum(torch.relu(e(x)) * (i + 1) for i, e in enumerate(self.experts))
+
+
+def bmm_over_lhs_cost(c, node):
+    """launch_count_cost, with a linear of concatenated weights priced out: the experts take the bmm."""
+    if node.ctor in ("Op2", "Op3") and node.args and str(node.args[0]).startswith("linear"):
+        return 10.0
+    return launch_count_cost(c, node)
+
+
+def test_experts_reading_one_input_batch_over_a_view_of_it():
+    # Stacked n times, the shared input would be copied n times and saved for the backward
+    # (6 experts at batch 256: 590 KB per step for 96 features); its expand is a view.
+    program, report = batched_program(SharedInputExperts(), torch.randn(4, WIDTH), cost=bmm_over_lhs_cost)
+    assert report.batched.get("batch-linear"), report.batched
+    counts = op_counts(program)
+    assert counts["matmul"] == 1 and counts["expand"] == 1, dict(counts)
+    copies = [n for n in program.graph.nodes if n.op == "call_function" and canonical_name(n) in ("stack", "cat")]
+    assert not any(len(n.args[0]) > 1 and len(set(n.args[0])) == 1 for n in copies), [n.format_node() for n in copies]
 
 
 def test_ragged_input_widths_become_one_padded_matmul():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from optimus_eqsat.rewrites.batching.views import Slot, make_item, name_term, stack_terms
-from optimus_eqsat.term import Fact, Id, Reshape, Slice, Term, Union
+from optimus_eqsat.term import Expand, Fact, Id, Reshape, Slice, Term, Union
 from optimus_eqsat.translate import Translation
 
 
@@ -27,13 +27,18 @@ class BatchBuilder:
         """torch.stack of the operands at dim 0, each first padded on the left to ``rank``.
 
         Runs of earlier groups' members and of evenly spaced slices are stacked as views
-        (views.py): no list of n cells to build, and no copy per operand.
+        (views.py): no list of n cells to build, and no copy per operand. A stack of one
+        operand n times (experts reading one input) is also its expand along a new dim 0:
+        a view, where the stack copies the operand n times and the batched program would
+        save those copies for its backward.
         """
         shapes = [(1,) * (rank - len(self.t.shapes[i])) + self.t.shapes[i] for i in ids]
         items = [make_item(self.t, Id(i), self.slot_of, s) for i, s in zip(ids, shapes)]
         first, *others = stack_terms(self.t, items, self.facts.append)
         stacked = self.new(first)
         self.facts.extend(Union(stacked, term) for term in others)
+        if len(ids) > 1 and len(set(ids)) == 1:
+            self.facts.append(Union(stacked, Expand(Reshape(Id(ids[0]), (1,) + shapes[0]), (len(ids),) + shapes[0])))
         return stacked, (len(ids),) + shapes[0]
 
     def record(self, batched: Id, members: list[int]) -> None:
