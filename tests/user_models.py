@@ -1,6 +1,7 @@
 """Small recommendation models written as users and their libraries write them (torchrec's DLRM,
 deepctr's DIN with Dice, Hugging Face's stacked-expert MoE, rechub's MMOE with every kind of
-batch norm, forward hooks and in-place ops, frozen embeddings, dict outputs), with batches.
+batch norm, forward hooks and in-place ops, frozen embeddings, dict outputs, an HSTU-style generative
+recommender, torchrec's mixture of low-rank cross-net experts), with batches.
 ``tests/test_user_shaped_models.py`` trains them through the backend against eager."""
 
 from __future__ import annotations
@@ -232,3 +233,73 @@ class WideDeep(nn.Module):
 
 def wide_deep_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
     return [(torch.randint(0, 40, (batch, 5)), torch.randn(batch, 3)) for _ in range(n)]
+
+
+class HSTU(nn.Module):
+    """A generative recommender in the style of HSTU (Meta's generative-recommenders, torch-rechub's
+    ``HSTUModel``): item and position embeddings; per layer a pre-norm, one joint U/V/Q/K linear
+    under one SiLU split four ways, per-head scores with a learned relative-position bias,
+    ``silu(scores) / n`` under a causal mask in place of a softmax, ``LayerNorm(A V) * U``
+    projected back, a residual; logits against the tied item embedding."""
+
+    def __init__(self, items: int = 40, dim: int = 16, heads: int = 2, layers: int = 2, length: int = 6):
+        super().__init__()
+        self.item = nn.Embedding(items, dim, padding_idx=0)
+        self.pos = nn.Embedding(length, dim)
+        self.heads, self.length = heads, length
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
+        self.uvqk = nn.ModuleList(nn.Linear(dim, 4 * dim) for _ in range(layers))
+        self.rab = nn.ParameterList(nn.Parameter(torch.randn(heads, 2 * length - 1) * 0.1) for _ in range(layers))
+        self.av_norms = nn.ModuleList(nn.LayerNorm(dim // heads, elementwise_affine=False) for _ in range(layers))
+        self.out = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+
+    def forward(self, ids):
+        b, n = ids.shape
+        x = self.item(ids) + self.pos(torch.arange(n, device=ids.device))
+        steps = torch.arange(n, device=ids.device)
+        relative = steps[None, :] - steps[:, None] + n - 1  # (n, n) indices into the bias table
+        causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=ids.device))
+        for norm, uvqk, rab, av_norm, out in zip(self.norms, self.uvqk, self.rab, self.av_norms, self.out):
+            u, v, q, k = F.silu(uvqk(norm(x))).chunk(4, dim=-1)
+            u, v, q, k = (t.reshape(b, n, self.heads, -1).transpose(1, 2) for t in (u, v, q, k))
+            scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + rab[:, relative]
+            attn = F.silu(scores) / n * causal
+            gated = av_norm(attn @ v) * u
+            x = x + out(gated.transpose(1, 2).reshape(b, n, -1))
+        return x @ self.item.weight.t()
+
+
+def hstu_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
+    return [(torch.randint(1, 40, (batch, 6)),) for _ in range(n)]
+
+
+class MixtureCrossNet(nn.Module):
+    """torchrec's ``LowRankMixtureCrossNet`` (DCN-v2's mixture of low-rank experts): per layer,
+    experts ``U_e tanh(C_e tanh(V_e x_l))`` read the same ``x_l``, softmax-gated by one linear
+    each; ``x_{l+1} = x_0 * (sum_e g_e expert_e + b) + x_l``; an MLP head."""
+
+    def __init__(self, features: int = 24, rank: int = 4, experts: int = 4, layers: int = 2):
+        super().__init__()
+        self.v = nn.ParameterList(nn.Parameter(torch.randn(features, rank) * 0.2) for _ in range(layers * experts))
+        self.c = nn.ParameterList(nn.Parameter(torch.randn(rank, rank) * 0.2) for _ in range(layers * experts))
+        self.u = nn.ParameterList(nn.Parameter(torch.randn(rank, features) * 0.2) for _ in range(layers * experts))
+        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(features)) for _ in range(layers))
+        self.gates = nn.ModuleList(nn.Linear(features, 1, bias=False) for _ in range(experts))
+        self.head = nn.Sequential(nn.Linear(features, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.experts, self.layers = experts, layers
+
+    def forward(self, x0):
+        x = x0
+        for layer in range(self.layers):
+            outs, gates = [], []
+            for e in range(self.experts):
+                i = layer * self.experts + e
+                outs.append(torch.tanh(torch.tanh(x @ self.v[i]) @ self.c[i]) @ self.u[i])
+                gates.append(self.gates[e](x))
+            mixed = (torch.stack(outs, 2) * torch.softmax(torch.stack(gates, 1), 1).transpose(1, 2)).sum(2)
+            x = x0 * (mixed + self.bias[layer]) + x
+        return torch.sigmoid(self.head(x))
+
+
+def cross_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
+    return [(torch.randn(batch, 24),) for _ in range(n)]
