@@ -21,7 +21,7 @@ from optimus_eqsat.extract.extractors import get_extractor
 from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
-from optimus_eqsat.fxvocab import flat_example_inputs
+from optimus_eqsat.fxvocab import flat_example_inputs, target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
@@ -119,8 +119,7 @@ def decline_gradient_hooks(gm: torch.fx.GraphModule) -> None:
     hooked = [
         n.name
         for n in gm.graph.nodes
-        if n.op in ("call_method", "call_function")
-        and (n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")) in GRADIENT_HOOKS
+        if n.op in ("call_method", "call_function") and target_name(n.target) in GRADIENT_HOOKS
     ]
     if hooked:
         raise DeclinedGraph(f"gradient hooks registered in the graph ({', '.join(hooked[:4])}): left as it is")
