@@ -8,11 +8,18 @@
 # are installed first when egglog is missing. Every step has its own time limit
 # and appends to its own file, so a step that runs long loses only itself.
 # DEVICE=cpu dry-runs the same steps on a machine without a GPU (gpu_check then
-# only reports that there is no CUDA device).
+# only reports that there is no CUDA device). GPU_CHECK=0 skips gpu_check, MODELS=""
+# the harness; TRAINING_CASES (model:mode:batch, comma list) runs benchmarks.gpu_training
+# on each case in its own process of at most CASE_S seconds, rows into gpu_training.jsonl.
 set -u
 OUT=${OUT:-benchmarks/results/gpu}
 DEVICE=${DEVICE:-cuda}
-MODELS=${MODELS:-mmoe ple dlrm dynamic_schema transformer deepfm dcnv2}
+MODELS=${MODELS-mmoe ple dlrm dynamic_schema transformer deepfm dcnv2}
+GPU_CHECK=${GPU_CHECK:-1}
+TRAINING_CASES=${TRAINING_CASES:-}
+CASE_S=${CASE_S:-240}
+BUDGET_S=${BUDGET_S:-100000}  # no gpu_training case starts after this many seconds of the run
+T0=$(date +%s)
 # METHODS: a comma list; unset, every method the device can run (7 on CUDA, 4 on CPU).
 METHODS=${METHODS:+--methods $METHODS}
 BATCHES=${BATCHES:-32,256,2048}
@@ -35,9 +42,22 @@ LOG=$OUT/run.log
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
 } >"$LOG" 2>&1
 
-echo "== gpu_check" >>"$LOG"
-timeout 150 python3 -m benchmarks.gpu_check --out "$OUT/gpu_check.jsonl" >>"$LOG" 2>&1
-echo "gpu_check rc=$?" >>"$LOG"
+python3 -c "import optimus_eqsat.backend" >>"$LOG" 2>&1 || { echo "optimus_eqsat does not import"; cat "$LOG"; exit 1; }
+
+if [ "$GPU_CHECK" = 1 ]; then
+  echo "== gpu_check" >>"$LOG"
+  timeout 150 python3 -m benchmarks.gpu_check --out "$OUT/gpu_check.jsonl" >>"$LOG" 2>&1
+  echo "gpu_check rc=$?" >>"$LOG"
+fi
+
+for case in ${TRAINING_CASES//,/ }; do
+  [ $(( $(date +%s) - T0 )) -lt "$BUDGET_S" ] || { echo "budget spent: $case not run" | tee -a "$LOG"; continue; }
+  echo "== gpu_training $case" >>"$LOG"
+  start=$(date +%s)
+  timeout "$CASE_S" python3 -m benchmarks.gpu_training --device "$DEVICE" --cases "$case" \
+    --out "$OUT/gpu_training.jsonl" >>"$LOG" 2>&1
+  echo "gpu_training $case rc=$? in $(( $(date +%s) - start )) s" | tee -a "$LOG"
+done
 
 for model in $MODELS; do
   echo "== harness $model" >>"$LOG"
