@@ -22,6 +22,7 @@ from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
 from optimus_eqsat.fxvocab import flat_example_inputs, target_name
+from optimus_eqsat.fxvocab.global_state import decline_state_changes
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
@@ -171,6 +172,7 @@ class OptimizationRun:
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
             decline_data_dependent_sizes(self.gm)
+            decline_state_changes(self.gm)
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
             self.translation = t = translate(before_translation(self.gm), self.example_inputs)
         budget.fx_nodes = len(t.nodes)

@@ -30,6 +30,7 @@ import torch.fx
 
 from optimus_eqsat.disk_cache import DiskCache, cache_enabled, cache_root, code_fingerprint, digest
 from optimus_eqsat.fx_graphs import carry_dynamo_attributes, copy_module
+from optimus_eqsat.fxvocab.global_state import traced_state
 from optimus_eqsat.fxvocab.symbolic import symbolic_value
 from optimus_eqsat.report import OptimizeReport
 
@@ -96,8 +97,7 @@ def _program_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] | None,
     option_values = [(f.name, getattr(options, f.name)) for f in fields(options) if f.name != "persistent_cache"]
     rule_files = [open(path, "rb").read() for path in options.rule_files]
     modes = (
-        torch.is_grad_enabled(),
-        torch.is_autocast_enabled(),
+        traced_state(),  # grad mode and autocast per device (a region inside may change it)
         bool(inductor_config.freezing),
         bool(inductor_config.fallback_random),
     )
