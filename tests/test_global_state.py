@@ -110,3 +110,19 @@ def test_the_program_cache_keys_on_the_autocast_state_of_every_device():
     with torch.no_grad():
         no_grad = traced_state()
     assert len({outside, inside, no_grad}) == 3
+
+
+def test_a_region_inside_a_checkpointed_function_is_seen():
+    """The optimizer inlines checkpoint bodies; a no-grad region in one must decline too."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Experts(torch.no_grad)
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    gm, _ = _dynamo_graph(Checkpointed(), torch.randn(32, 16))
+    assert any("grad mode off" in c for c in state_changes(gm))

@@ -89,11 +89,22 @@ def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
 
 def state_changes(gm: torch.fx.GraphModule) -> list[str]:
     """The nodes of ``gm`` that change the grad mode or an autocast state in force (from the
-    caller's state on), each as ``"name: what"``."""
-    state, saved, changes = _State.current(), [], []
-    for node in gm.graph.nodes:
+    state the graph runs under on), each as ``"name: what"``; the bodies of higher-order ops
+    (a checkpointed function's, which the optimizer inlines) are walked where they are called."""
+    changes: list[str] = []
+    _walk(gm, gm.graph, _State.current(), changes)
+    return changes
+
+
+def _walk(root: torch.fx.GraphModule, graph: torch.fx.Graph, state: _State, changes: list[str]) -> None:
+    saved: list[_State] = []
+    for node in graph.nodes:
         if node.op != "call_function":
             continue
+        for arg in node.args:
+            body = _body(root, arg)
+            if body is not None:
+                _walk(root, body.graph, state, changes)
         name = target_name(node.target)
         if name == "_set_grad_enabled":
             enabled = bool(_arg(node, 0, "mode", True))
@@ -117,7 +128,17 @@ def state_changes(gm: torch.fx.GraphModule) -> list[str]:
             state = state.with_autocast(device, enabled, dtype)
         elif name in ("_exit_autocast", "_exit_inference_mode") and saved:
             state = saved.pop()
-    return changes
+
+
+def _body(root: torch.fx.GraphModule, arg: Any) -> torch.fx.GraphModule | None:
+    """The graph module a higher-order op's argument names (``get_attr`` of a submodule), if any."""
+    if not (isinstance(arg, torch.fx.Node) and arg.op == "get_attr"):
+        return None
+    try:
+        body = root.get_submodule(str(arg.target))
+    except AttributeError:
+        return None
+    return body if isinstance(body, torch.fx.GraphModule) else None
 
 
 def decline_state_changes(gm: torch.fx.GraphModule) -> None:
