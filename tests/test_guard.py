@@ -501,4 +501,24 @@ def test_timing_copies_keep_their_inputs_strides():
     copies = copied_inputs([column, expanded], 1 << 20)
     assert copies[0].stride() == (17, 1) and torch.equal(copies[0], column)
     assert copies[0].untyped_storage().data_ptr() != wide.untyped_storage().data_ptr()
-    assert torch.equal(copies[1], expanded)  # (overlapping elements: a plain clone)
+    assert torch.equal(copies[1], expanded) and copies[1].stride() == (1, 0)
+    assert copies[1].untyped_storage().data_ptr() != expanded.untyped_storage().data_ptr()
+
+
+def test_an_expanded_input_keeps_its_zero_strides_in_the_timing():
+    """Hugging Face's MoE blocks hand a graph an expanded mask (strides (0, 32, 1)); the copy the
+    measurement ran on was a contiguous clone, the compiled program asserted stride 0 and the
+    timing failed, so the optimized program was dropped."""
+    model = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+
+    def forward(x, bias):
+        return sum((layer(x) * bias).sum() for layer in model)
+
+    x, bias = torch.randn(4, 16, 32), torch.randn(1, 16, 32).expand(4, 16, 32)
+    from optimus_eqsat.backend import make_backend
+
+    backend = make_backend(min_gain=0.0)  # (any predicted gain makes a candidate to time)
+    torch._dynamo.reset()
+    torch.compile(forward, backend=backend)(x, bias).backward()
+    assert backend.reports and all(r.measured is not None for r in backend.reports)
+    assert not any("measurement failed" in (r.fallback_reason or "") for r in backend.reports)

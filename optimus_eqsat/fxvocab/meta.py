@@ -263,11 +263,18 @@ def copied_inputs(
 def same_layout_copy(x: torch.Tensor) -> torch.Tensor:
     """A copy of ``x`` with its strides (``clone`` makes a column slice contiguous, and a
     compiled program asserts its inputs' strides), as a leaf that requires grad as ``x`` does.
-    A tensor whose elements overlap (an expanded one) is cloned."""
+    An expanded tensor (stride 0 along some dims) is copied once along them and expanded
+    again, so its strides stay 0; a tensor whose elements overlap otherwise is cloned."""
+    detached = x.detach()
     if _overlaps(x):
-        copy = x.detach().clone()
+        broadcast = [d for d, (size, stride) in enumerate(zip(x.shape, x.stride())) if stride == 0 and size > 1]
+        core = detached[tuple(slice(0, 1) if d in broadcast else slice(None) for d in range(x.dim()))]
+        if broadcast and not _overlaps(core):
+            copy = same_layout_copy(core).expand(x.shape).detach()
+        else:
+            copy = detached.clone()
     else:
-        copy = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(x.detach())
+        copy = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device).copy_(detached)
     return copy.requires_grad_(x.requires_grad)
 
 
