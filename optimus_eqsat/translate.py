@@ -316,6 +316,9 @@ class Translator:
         i = self.ids[value]
         if self.t.status.get(i) not in (NodeStatus.TERM, NodeStatus.LEAF, NodeStatus.OPAQUE):
             raise Unsupported(f"{value.name} is not a tensor term")
+        if isinstance(self.values.get(value), (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            # (a size: ``-x.size(1)`` is operator.neg of a SymInt, which torch.neg refuses)
+            raise Unsupported(f"{value.name} is a number, not a tensor")
         return Id(i)
 
     def shape(self, value: Any) -> tuple[int, ...]:

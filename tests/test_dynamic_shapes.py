@@ -500,3 +500,26 @@ def test_a_graph_with_data_dependent_sizes_is_declined():
     torch.testing.assert_close(got, model(x))
     reasons = [r.fallback_reason or "" for r in backend.reports]
     assert reasons and all("data-dependent" in r for r in reasons), reasons
+
+
+def test_a_negated_size_stays_a_number():
+    """``bias[:, -x.size(1):]`` (T5's and SwitchTransformers' position bias) negates a SymInt with
+    ``operator.neg``; it was translated as the tensor op and rebuilt as ``torch.neg(s)``, which
+    refuses a SymInt: the optimized graph failed to compile and the original was kept."""
+
+    class PositionBias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x, bias):
+            b = bias[:, -x.size(1) :, :]
+            return (self.q(x) + b).relu() + (self.k(x) * b).tanh()
+
+    model = PositionBias()
+    x, bias = torch.randn(4, 6, 16), torch.randn(1, 9, 16)
+    gm, example_inputs = _capture(model, x, bias)
+    optimized = optimize_graph(gm, example_inputs, raise_on_error=True)
+    assert not optimized.meta["optimus_eqsat"].fell_back
+    assert not any(n.target is torch.neg for n in optimized.graph.nodes)
+    torch.testing.assert_close(optimized(*example_inputs)[0], model(x, bias))
