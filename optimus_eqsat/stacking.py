@@ -146,6 +146,7 @@ def _program_with_stored_stacks(
     the original; the compile of the stacked model then prices its own program, where
     reading a stack is a view, and the backend measures it."""
     from optimus_eqsat.api import OptimizationRun
+    from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
     from optimus_eqsat.objective import Objective
     from optimus_eqsat.options import OptimizeOptions
     from optimus_eqsat.run_support import gc_paused
@@ -156,6 +157,9 @@ def _program_with_stored_stacks(
     try:
         with gc_paused():
             program = run.optimize()
+    except DeclinedGraph as exc:  # (a graph the optimizer leaves as it is: nothing to plan)
+        log.info("optimus_eqsat: stack_parameters: graph declined: %s", exc)
+        return None
     except Exception as exc:
         if opts.raise_on_error:
             raise

@@ -126,3 +126,13 @@ def test_a_region_inside_a_checkpointed_function_is_seen():
 
     gm, _ = _dynamo_graph(Checkpointed(), torch.randn(32, 16))
     assert any("grad mode off" in c for c in state_changes(gm))
+
+
+def test_stack_parameters_leaves_a_model_with_a_no_grad_region_alone():
+    from optimus_eqsat import stack_parameters
+    from optimus_eqsat.stacking import stacked_groups
+
+    model, x = Experts(torch.no_grad), torch.randn(32, 16)
+    names = [n for n, _ in model.named_parameters()]
+    stack_parameters(model, (x,))
+    assert stacked_groups(model) == [] and [n for n, _ in model.named_parameters()] == names
