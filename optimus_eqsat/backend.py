@@ -236,7 +236,13 @@ class OptimusBackend:
             cache_parameters=self.options["cached_parameters"]
             and report.mode == "inference"
             and not freezing_enabled(),
-            measure=own.measure and stored is None and not _writes_module_state(gm, report),
+            measure=own.measure
+            and stored is None
+            and not _writes_module_state(gm, report)
+            # symbolic sizes: our post-grad pass skips the graph and no mask can read a constant
+            # slice of a cat, so a graph the pre-grad pass left alone has nothing to time, and a
+            # baseline would be compiled at once (where the shape environment lives) for nothing
+            and (rewritten or not _symbolic(example_inputs)),
         )
         records = PassRecords()  # what this compile's passes record
         start = time.perf_counter()
