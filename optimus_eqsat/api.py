@@ -22,7 +22,7 @@ from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
 from optimus_eqsat.fxvocab import flat_example_inputs, target_name
-from optimus_eqsat.fxvocab.global_state import decline_state_changes
+from optimus_eqsat.fxvocab.global_state import decline_state_changes, state_changes
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
@@ -325,6 +325,14 @@ class OptimizationRun:
         reason = self._not_worth_it() if opts.never_worse else None
         if reason:
             report.fall_back(f"{reason}; kept the original")
+            log.info("optimus_eqsat: %s", report.fallback_reason)
+            report.launches_after, report.cost_after = report.launches_before, report.cost_before
+            return copy_module(gm)
+        misplaced = state_changes(result)  # (the original had none: see saturate)
+        if misplaced:
+            report.fall_back(
+                f"the rebuilt graph changes what a no-grad region computes ({misplaced[0]}); kept the original"
+            )
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)

@@ -12,7 +12,10 @@ folded into the ops, are still optimized by the post-grad passes).
 
 A region that sets the state already in force is no change and does not decline: Hugging
 Face's rotary embeddings run under ``torch.autocast(enabled=False)``, a no-op unless the
-caller enabled autocast. The state in force at the start is the one Dynamo traced the graph
+caller enabled autocast. Neither is a no-grad region none of whose ops reads a value that
+needs a gradient (the same rotary embedding is a ``@torch.no_grad()`` method); the optimized
+graph is walked again, and a rebuilt op that landed in such a region reading one sends the
+optimizer back to the original. The state in force at the start is the one Dynamo traced the graph
 under and guards on (its tracing context's), else the caller's.
 """
 
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from optimus_eqsat.fxvocab.meta import fetch_attr, meta_value
 from optimus_eqsat.fxvocab.names import target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 
@@ -90,26 +94,68 @@ def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
 def state_changes(gm: torch.fx.GraphModule) -> list[str]:
     """The nodes of ``gm`` that change the grad mode or an autocast state in force (from the
     state the graph runs under on), each as ``"name: what"``; the bodies of higher-order ops
-    (a checkpointed function's, which the optimizer inlines) are walked where they are called."""
+    (a checkpointed function's, which the optimizer inlines) are walked where they are called.
+
+    Grad mode turned off counts only where an op inside the region reads a value that needs a
+    gradient: without one, the region computes what it would with grad mode on (Hugging Face's
+    ``@torch.no_grad()`` rotary embedding reads position ids and a buffer). Whether a value
+    needs a gradient is read off the inputs (a placeholder's meta value or a parameter; an
+    input of unknown kind counts as needing one) and carried through the ops."""
     changes: list[str] = []
-    _walk(gm, gm.graph, _State.current(), changes)
+    _walk(gm, gm.graph, _State.current(), changes, {})
     return changes
 
 
-def _walk(root: torch.fx.GraphModule, graph: torch.fx.Graph, state: _State, changes: list[str]) -> None:
+def _needs_grad_at_input(root: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.op == "get_attr":
+        try:
+            value = fetch_attr(root, str(node.target))
+        except AttributeError:
+            return True
+        return isinstance(value, torch.Tensor) and value.requires_grad
+    value = meta_value(node)
+    if value is None:
+        return True  # (unknown: as if it needed one)
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _walk(
+    root: torch.fx.GraphModule,
+    graph: torch.fx.Graph,
+    state: _State,
+    changes: list[str],
+    needs_grad: dict[torch.fx.Node, bool],
+) -> None:
     saved: list[_State] = []
+    grad_at_start = state.grad
     for node in graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            needs_grad[node] = _needs_grad_at_input(root, node)
+            continue
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        reads_grad = any(needs_grad.get(a, False) for a in node.all_input_nodes)
+        if node.op == "call_module":
+            try:
+                params = list(root.get_submodule(str(node.target)).parameters())
+            except AttributeError:
+                params = []
+                reads_grad = True
+            reads_grad = reads_grad or any(p.requires_grad for p in params)
+        name = target_name(node.target) if node.op != "call_module" else ""
+        needs_grad[node] = state.grad and reads_grad and name != "detach"
+        if grad_at_start and not state.grad and reads_grad and name not in _STATE_OPS:
+            changes.append(f"{node.name}: reads a value that needs a gradient with grad mode off")
         if node.op != "call_function":
             continue
         for arg in node.args:
             body = _body(root, arg)
             if body is not None:
-                _walk(root, body.graph, state, changes)
-        name = target_name(node.target)
+                _walk(root, body.graph, state, changes, {})
         if name == "_set_grad_enabled":
             enabled = bool(_arg(node, 0, "mode", True))
-            if enabled != state.grad:
-                changes.append(f"{node.name}: grad mode {'on' if enabled else 'off'}")
+            if enabled and not state.grad and not grad_at_start:
+                changes.append(f"{node.name}: grad mode on")
             state = replace(state, grad=enabled)
         elif name in ("_enter_autocast", "_enter_inference_mode"):
             saved.append(state)
@@ -128,6 +174,9 @@ def _walk(root: torch.fx.GraphModule, graph: torch.fx.Graph, state: _State, chan
             state = state.with_autocast(device, enabled, dtype)
         elif name in ("_exit_autocast", "_exit_inference_mode") and saved:
             state = saved.pop()
+
+
+_STATE_OPS = frozenset({"_set_grad_enabled", "_enter_autocast", "_exit_autocast"})
 
 
 def _body(root: torch.fx.GraphModule, arg: Any) -> torch.fx.GraphModule | None:
