@@ -168,5 +168,8 @@ def test_default_backend_trains_dlrm_as_eager() -> None:
     for g, w in zip(got, want):
         _close(g, w, "output")
     _assert_same_state(model, reference)
-    assert all(r.measured is not None for r in backend.reports)
+    # (the second batch's ids differ in length: its recompile has symbolic sizes, and a graph of
+    # those that no pass of ours rewrites is compiled once, with nothing to measure)
+    assert backend.reports[0].measured is not None
+    assert all(r.measured is not None or not r.changed for r in backend.reports)
     assert not any("measurement failed" in (r.fallback_reason or "") for r in backend.reports)
