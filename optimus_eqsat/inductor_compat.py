@@ -37,6 +37,7 @@ compiled without donated buffers (:func:`backwards_lowered_with_forwards`).
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator
 from typing import cast
 from unittest import mock
@@ -136,7 +137,9 @@ def lifted_float_inputs(gm: torch.fx.GraphModule) -> list[str]:
     read back with ``.item()`` (a norm's momentum or eps, a dropout's p, under
     ``dynamic=True`` with Dynamo's default ``specialize_float=False``). Inductor restarts the
     trace of such a graph with those floats specialized (``TensorifyScalarRestartAnalysis``),
-    so the backend optimizes the restarted graph, not this one."""
+    so the backend optimizes the restarted graph, not this one. A float read only by Python
+    arithmetic with tensors (``h / (ms + self.eps).sqrt()``, T5's RMS norm) is turned into a
+    tensor op instead and the trace is not restarted: such floats are not listed."""
     names = []
     for node in gm.graph.find_nodes(op="placeholder"):
         value = meta_value(node)
@@ -146,9 +149,14 @@ def lifted_float_inputs(gm: torch.fx.GraphModule) -> list[str]:
             and value.dtype == torch.float64
             and node.users
             and all(user.op == "call_method" and user.target == "item" for user in node.users)
+            and not all(read.target in _FLOAT_ARITHMETIC for user in node.users for read in user.users)
         ):
             names.append(node.name)
     return names
+
+
+#: Python operators on a float that Inductor turns into tensor arithmetic without a restart
+_FLOAT_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow})
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

@@ -523,3 +523,24 @@ def test_a_negated_size_stays_a_number():
     assert not optimized.meta["optimus_eqsat"].fell_back
     assert not any(n.target is torch.neg for n in optimized.graph.nodes)
     torch.testing.assert_close(optimized(*example_inputs)[0], model(x, bias))
+
+
+def test_a_float_read_only_by_arithmetic_is_not_left_to_a_restart():
+    """T5's RMS norm adds its epsilon to a tensor: Inductor turns that float into tensor
+    arithmetic and restarts nothing, so skipping the graph for a restart optimized nothing."""
+    from optimus_eqsat.inductor_compat import lifted_float_inputs
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps = 1e-6
+            self.experts = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+        def forward(self, x):
+            h = sum(torch.relu(e(x)) for e in self.experts)
+            return h / (h.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    with torch._dynamo.config.patch(specialize_float=False):
+        gm, _ = _capture(Experts(), torch.randn(8, 16))
+    assert any(n.op == "placeholder" and "eps" in n.name for n in gm.graph.nodes)
+    assert lifted_float_inputs(gm) == []
