@@ -40,6 +40,7 @@ from benchmarks.instrument import CompileRecord, default_profile
 from benchmarks.measure import make_step, sync, timed_step
 from benchmarks.methods import EqsatOptions, Method, make_methods
 from benchmarks.rounds import RoundPlan, run_rounds
+from benchmarks.stats import spread
 
 METHODS = ("inductor", "optimus_eqsat", "inductor_cudagraphs", "optimus_eqsat_cudagraphs")
 
@@ -118,10 +119,9 @@ def run_case(model: str, mode: str, batch: int, plan: RoundPlan, device: str = "
         if result.round_ms.get(label):
             row["ms"] = statistics.median(result.round_ms[label])
             row["rounds"] = len(result.round_ms[label])
-        if label in ratios and ratios[label]:
-            r = ratios[label]
-            deciles = statistics.quantiles(r, n=10) if len(r) > 1 else [r[0]] * 9
-            row.update(ratio=statistics.median(r), ratio_p10=deciles[0], ratio_p90=deciles[-1])
+        if ratios.get(label):
+            ratio = spread(ratios[label])
+            row.update(ratio=ratio.median, ratio_p10=ratio.p10, ratio_p90=ratio.p90)
         if label in result.errors:
             row["error"] = result.errors[label]
     steps.clear()

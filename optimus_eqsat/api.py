@@ -323,16 +323,11 @@ class OptimizationRun:
                 elif self._wants_meta:  # the cheap build was kept: only its meta is missing
                     propagate_meta(result, self.example_inputs)
         reason = self._not_worth_it() if opts.never_worse else None
+        misplaced = [] if reason else state_changes(result)  # (the original had none: see saturate)
+        if misplaced:
+            reason = f"the rebuilt graph changes what a no-grad region computes ({misplaced[0]})"
         if reason:
             report.fall_back(f"{reason}; kept the original")
-            log.info("optimus_eqsat: %s", report.fallback_reason)
-            report.launches_after, report.cost_after = report.launches_before, report.cost_before
-            return copy_module(gm)
-        misplaced = state_changes(result)  # (the original had none: see saturate)
-        if misplaced:
-            report.fall_back(
-                f"the rebuilt graph changes what a no-grad region computes ({misplaced[0]}); kept the original"
-            )
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)
