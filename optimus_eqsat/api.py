@@ -84,6 +84,8 @@ def optimize_graph(
             run = OptimizationRun(gm, example_inputs, opts, report)
             result = run.optimize()
             wants_meta = run._wants_meta
+            if run.session is not None:  # (nothing else holds this run: its e-graph serves the next)
+                run.session.release()
     except DeclinedGraph as exc:  # declined, not failed: the graph is returned as it is
         log.info("optimus_eqsat: graph declined: %s", exc)
         report.fall_back(f"declined: {exc}")
@@ -150,6 +152,7 @@ class OptimizationRun:
         rulesets: Sequence[rewrites.RuleSet] | None = None,
     ):
         self.gm, self.example_inputs = gm, example_inputs
+        self.session: EGraphSession | None = None  # made by saturate
         self.batches: rewrites.batching.Batches | None = None
         self.options = options or OptimizeOptions()
         self.rulesets = None if rulesets is None else list(rulesets)
