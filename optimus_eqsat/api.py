@@ -328,7 +328,7 @@ class OptimizationRun:
         reason = self._not_worth_it() if opts.never_worse else None
         misplaced = [] if reason else state_changes(result)  # (the original had none: see saturate)
         if misplaced:
-            reason = f"the rebuilt graph changes what a no-grad region computes ({misplaced[0]})"
+            reason = f"the rebuilt graph changes what a grad-mode or autocast region computes ({misplaced[0]})"
         if reason:
             report.fall_back(f"{reason}; kept the original")
             log.info("optimus_eqsat: %s", report.fallback_reason)

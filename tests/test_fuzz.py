@@ -17,7 +17,9 @@ Every run is seeded alike (``RNG_SEED``), so a dropout of p=0 compares exactly a
 of p>0 does under ``fallback_random=True``, where the optimizer must keep eager's
 random stream (``train_dropout`` optimizes under that setting). A Dynamo graph's checkpoint region
 given lifted buffers runs its body once in both programs (eager's checkpoint cannot run it:
-``_stateful_regions``).
+``_stateful_regions``). ``state_dynamo`` puts experts inside ``torch.no_grad()`` and
+``torch.autocast`` regions beside plain ones: batched across a region, a frozen expert would get
+gradients and a bf16 one float32 results.
 
 The harness is itself tested (``test_harness_*``) with an identity
 "optimizer" that must pass and broken ones that must be caught, so these
@@ -40,9 +42,16 @@ import torch.fx as fx
 import optimus_eqsat
 
 try:  # rootdir-relative import works whether or not tests/ is a package
-    from graphgen import RNG_SEED, TRAIN_FAMILIES, GeneratedGraph, random_graph, single_thread
+    from graphgen import RNG_SEED, STATE_FAMILIES, TRAIN_FAMILIES, GeneratedGraph, random_graph, single_thread
 except ImportError:  # pragma: no cover
-    from tests.graphgen import RNG_SEED, TRAIN_FAMILIES, GeneratedGraph, random_graph, single_thread
+    from tests.graphgen import (  # noqa: I001
+        RNG_SEED,
+        STATE_FAMILIES,
+        TRAIN_FAMILIES,
+        GeneratedGraph,
+        random_graph,
+        single_thread,
+    )
 
 optimize_graph = getattr(optimus_eqsat, "optimize_graph", None)
 
@@ -66,8 +75,10 @@ FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
     # dropouts of p=0.25, optimized and compared under fallback_random
     "train_dropout": (dict(opaque=False, inplace=False, train=True, dropout_p=0.25), 0.03, True),
     "train_dynamo": (dict(opaque=False, inplace=False, train=True, checkpoint=True, dynamo=True), 0.02, True),
+    # experts inside no_grad / autocast regions beside plain ones, as Dynamo hands them over
+    "state_dynamo": (dict(opaque=False, inplace=False, train=True, state_regions=True, dynamo=True), 0.02, True),
 }
-DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo")
+DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo", "state_dynamo")
 
 
 def _fuzz_options() -> dict[str, Any]:
@@ -334,7 +345,10 @@ def _compare(g: GeneratedGraph, checks: list, upstream: list, result: fx.GraphMo
         except AssertionError:
             # Ill-conditioned random programs (x**2 of a gram matrix, a layer norm over two
             # close values) make eager float32 itself inaccurate: arbitrate in float64.
-            reference = reference or _float64_reference(g, upstream)
+            try:
+                reference = reference or _float64_reference(g, upstream)
+            except RuntimeError:  # (a program eager cannot run in float64: an autocast region's)
+                raise AssertionError(f"{what}: not close, and no float64 reference to arbitrate") from None
             if _no_less_accurate(a, e, reference[k]):
                 continue
             # Still further off (a reordered sum rounds differently: 2-10x eager's error was
@@ -671,6 +685,60 @@ def test_training_flavours_cover_their_families() -> None:
         total.update(random_graph(seed, n_ops=_n_ops(seed), **FLAVOURS["train"][0]).families)
     missing = [f for f in TRAIN_FAMILIES if total[f] == 0]
     assert not missing, missing
+
+
+def test_state_flavour_covers_its_families() -> None:
+    from collections import Counter
+
+    total: Counter = Counter()
+    for seed in range(30):
+        options = {**FLAVOURS["state_dynamo"][0], "dynamo": False}  # (the tags are drawn before capture)
+        total.update(random_graph(seed, n_ops=_n_ops(seed), **options).families)
+    missing = [f for f in STATE_FAMILIES if total[f] == 0]
+    assert not missing, missing
+
+
+def _state_region_cases(count: int) -> list[GeneratedGraph]:
+    """The first ``count`` state_dynamo programs whose Dynamo graph holds a grad-mode or
+    autocast region (a region setting the state in force leaves no node: Dynamo drops it)."""
+    found = []
+    for seed in range(200):
+        g = make_case("state_dynamo", seed)
+        if any(n.op == "call_function" and _is_state_node(n.target) for n in g.gm.graph.nodes):
+            found.append(g)
+            if len(found) == count:
+                return found
+    raise AssertionError(f"only {len(found)} state_dynamo programs of 200 hold a region")
+
+
+def _is_state_node(target: Any) -> bool:
+    return target is torch._C._set_grad_enabled or getattr(target, "__name__", "") == "_enter_autocast"
+
+
+def test_state_regions_match_eager() -> None:
+    """Programs whose experts sit inside no_grad / autocast regions beside plain ones: outputs,
+    gradients (None for a frozen expert's parameters, as eager's) equal eager's."""
+    for g in _state_region_cases(5):
+        try:
+            check_optimizer(optimize_graph, g, True, **_fuzz_options())
+        except Exception as e:
+            raise AssertionError(g.description) from e
+
+
+def test_harness_catches_batching_across_state_regions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the optimizer's region checks switched off (it then batches frozen or bf16 experts
+    with plain ones), the differential check fails on some of those programs."""
+    import optimus_eqsat.api
+
+    monkeypatch.setattr(optimus_eqsat.api, "decline_state_changes", lambda gm: None)
+    monkeypatch.setattr(optimus_eqsat.api, "state_changes", lambda gm: [])
+    caught = 0
+    for g in _state_region_cases(5):
+        try:
+            check_optimizer(optimize_graph, g, True, **_fuzz_options())
+        except AssertionError:
+            caught += 1
+    assert caught >= 1
 
 
 def test_training_flavour_dropout_draws_alike_when_seeded() -> None:

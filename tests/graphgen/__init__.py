@@ -14,7 +14,7 @@ tests can assert coverage (``GeneratedGraph.families``).
 
 Modules: ``builder`` (the graph under construction and its concrete values),
 ``views``, ``compute``, ``tangles``, ``effects`` (the builders, by kind of
-fragment; ``training``: batch norms, dropouts, checkpoint regions), ``families`` (the builder table and the tags to cover), ``driver``
+fragment; ``training``: batch norms, dropouts, checkpoint, grad-mode and autocast regions), ``families`` (the builder table and the tags to cover), ``driver``
 (assembling a program: ``random_graph``, ``random_module``). Underscore names
 are private to the package, shared between its modules.
 
@@ -43,6 +43,7 @@ __all__ = [
     "opaque_mix",
     "BUILDERS",
     "ALL_FAMILIES",
+    "STATE_FAMILIES",
     "TRAIN_FAMILIES",
     "RNG_SEED",
     "single_thread",
@@ -63,4 +64,4 @@ torch.fx.wrap("opaque_mix")
 
 # Imported after opaque_mix, which effects.py takes from this package.
 from .driver import RNG_SEED, GeneratedGraph, random_graph, random_module, single_thread  # noqa: E402
-from .families import ALL_FAMILIES, BUILDERS, TRAIN_FAMILIES  # noqa: E402
+from .families import ALL_FAMILIES, BUILDERS, STATE_FAMILIES, TRAIN_FAMILIES  # noqa: E402

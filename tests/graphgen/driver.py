@@ -195,6 +195,7 @@ def random_graph(
     train: bool = False,
     checkpoint: bool = False,
     dropout_p: float = 0.0,
+    state_regions: bool = False,
 ) -> GeneratedGraph:
     """Build a random, valid FX program from ``seed`` (deterministic per arguments).
 
@@ -217,11 +218,26 @@ def random_graph(
     dropout_p: the probability of every dropout (0: the program is deterministic). The
         global generator is seeded with ``RNG_SEED`` while the program is built, so a run
         after ``torch.manual_seed(RNG_SEED)`` draws what building drew.
+    state_regions: include sibling experts inside ``torch.no_grad()`` and ``torch.autocast``
+        regions beside plain ones (with dynamo, ``_set_grad_enabled`` / ``_enter_autocast``
+        nodes around their ops).
     """
     with single_thread(), torch.random.fork_rng():
         torch.manual_seed(RNG_SEED)
         return _random_graph(
-            seed, n_ops, opaque, inplace, params, with_meta, dynamo, dynamic_batch, dtype, train, checkpoint, dropout_p
+            seed,
+            n_ops,
+            opaque,
+            inplace,
+            params,
+            with_meta,
+            dynamo,
+            dynamic_batch,
+            dtype,
+            train,
+            checkpoint,
+            dropout_p,
+            state_regions,
         )
 
 
@@ -238,9 +254,17 @@ def _random_graph(
     train: bool = False,
     checkpoint: bool = False,
     dropout_p: float = 0.0,
+    state_regions: bool = False,
 ) -> GeneratedGraph:
     b = _Builder(seed, opaque=opaque, inplace=inplace, params=params, dropout_p=dropout_p, dynamo=dynamo)
-    enabled = {"": True, "opaque": opaque, "inplace": inplace, "train": train, "checkpoint": checkpoint}
+    enabled = {
+        "": True,
+        "opaque": opaque,
+        "inplace": inplace,
+        "train": train,
+        "checkpoint": checkpoint,
+        "state": state_regions,
+    }
     _make_inputs(b)
     table = [(fn, w) for _, w, fn, need in BUILDERS if enabled[need]]
     fns, weights = [f for f, _ in table], [w for _, w in table]
@@ -273,6 +297,7 @@ def _random_graph(
         f"random_graph(seed={seed}, n_ops={n_ops}, opaque={opaque}, inplace={inplace}, params={params}, "
         f"with_meta={with_meta}, dynamo={dynamo}, dynamic_batch={dynamic_batch}, dtype={dtype}"
         + (f", train={train}, checkpoint={checkpoint}, dropout_p={dropout_p}" if train or checkpoint else "")
+        + (", state_regions=True" if state_regions else "")
         + (f" (kept {cast}: eager lacks a kernel)" if cast != dtype else "")
         + f"): {len(gm.graph.nodes)} nodes; "
         + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in sorted(fams.items()))

@@ -40,7 +40,7 @@ from .tangles import (
     b_split_squeeze_stack,
     b_unbind_stack,
 )
-from .training import b_batch_norm, b_checkpoint, b_dropout
+from .training import StateRegion, b_batch_norm, b_checkpoint, b_dropout, b_state_regions
 from .views import (
     b_cat,
     b_chunk,
@@ -56,7 +56,7 @@ from .views import (
     b_unbind,
 )
 
-# (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace" / "train" / "checkpoint"
+# (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace" / "train" / "checkpoint" / "state"
 # (a builder a graph's options leave out is not drawn, so appending one changes no existing graph)
 BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("split", 3, b_split, ""),
@@ -100,6 +100,7 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("batch_norm", 3, b_batch_norm, "train"),
     ("dropout", 1.5, b_dropout, "train"),
     ("checkpoint", 2, b_checkpoint, "checkpoint"),
+    ("state_regions", 8, b_state_regions, "state"),
 ]
 
 #: every tag the training builders must produce over the fuzzer's training flavours
@@ -116,6 +117,9 @@ TRAIN_FAMILIES: tuple[str, ...] = (
     "train:checkpoint_batch_norm",
     "train:checkpoint_cat",
 )
+
+#: every tag the state-region builder must produce (``random_graph(state_regions=True)``)
+STATE_FAMILIES: tuple[str, ...] = tuple(f"train:state_{kind}" for kind in StateRegion.KINDS)
 
 #: every family tag some seed must produce (test_graphgen asserts coverage)
 ALL_FAMILIES: tuple[str, ...] = tuple(

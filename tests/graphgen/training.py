@@ -12,6 +12,11 @@
   Dropout) on one input, each called through ``torch.utils.checkpoint.checkpoint(...,
   use_reentrant=False)`` inside a submodule, their results concatenated or kept apart:
   under Dynamo each becomes a ``tag_activation_checkpoint`` region.
+- ``b_state_regions``: 2-4 sibling experts (Linear -> activation) on one input, some run
+  inside a grad-mode or autocast region (a frozen branch under ``torch.no_grad()``, a bf16
+  ``torch.autocast`` branch, or a region that sets the state already in force), beside
+  plain ones the optimizer would batch them with: under Dynamo the regions are
+  ``_set_grad_enabled`` / ``_enter_autocast`` nodes around the experts' ops.
 
 Numerical care: a batch norm is only applied where every channel's variance over the
 reduced dims is at least ``_MIN_VAR`` (a near-constant channel makes its output and
@@ -23,6 +28,8 @@ building), and the margins other builders check on concrete values hold at run t
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +50,27 @@ class CheckpointedExpert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return checkpoint(self.inner, x, use_reentrant=False)
+
+
+class StateRegion(nn.Module):
+    """``inner(x)`` inside a grad-mode or autocast region (``kind``, one of ``KINDS``), as float32."""
+
+    KINDS = ("no_grad", "enable_grad", "autocast_bf16", "autocast_off")
+
+    def __init__(self, inner: nn.Module, kind: str) -> None:
+        super().__init__()
+        self.inner, self.kind = inner, kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "no_grad":
+            region: contextlib.AbstractContextManager = torch.no_grad()
+        elif self.kind == "enable_grad":
+            region = torch.enable_grad()
+        else:
+            region = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.kind == "autocast_bf16")
+        with region:
+            out = self.inner(x)
+        return out.float()
 
 
 def _redraw(b: _Builder, module: nn.Module) -> nn.Module:
@@ -148,6 +176,30 @@ def b_checkpoint(b: _Builder) -> bool:
     b.tag("train:checkpoint")
     if b.coin():
         b.tag("train:checkpoint_cat")
+        b.keep(b.fn(torch.cat, outs, 1))
+    else:
+        for node in outs:
+            b.keep(node)
+    return True
+
+
+def b_state_regions(b: _Builder) -> bool:
+    x = b.pick(lambda t: t.dim() == 2 and t.shape[0] >= 2)
+    if x is None:
+        return False
+    channels, hidden, n = b.shape(x)[1], b.choice([2, 4, 6]), b.rng.randint(2, 4)
+    kinds = [b.choice(StateRegion.KINDS) for _ in range(n - 1)] + ["plain"]  # one plain expert at least
+    b.rng.shuffle(kinds)
+    outs = []
+    for kind in kinds:
+        expert: nn.Module = nn.Sequential(
+            _redraw(b, _new_module(nn.Linear, channels, hidden)), b.choice([nn.ReLU, nn.Sigmoid, nn.Tanh])()
+        )
+        if kind != "plain":
+            expert = StateRegion(expert, kind)
+            b.tag(f"train:state_{kind}")
+        outs.append(b.emit("call_module", _register(b, "state", expert), (x,)))
+    if b.coin():
         b.keep(b.fn(torch.cat, outs, 1))
     else:
         for node in outs:
