@@ -28,6 +28,7 @@ from optimus_eqsat.fxvocab import (
     op_kind,
     target_name,
 )
+from optimus_eqsat.fxvocab.meta import meta_value
 
 
 class Net(nn.Module):
@@ -90,6 +91,28 @@ def test_node_values_read_meta_and_run_nothing_when_it_is_complete():
     ShapeProp(traced).propagate(torch.randn(2, 8))
     with pytest.raises(ExampleInputError, match="do not run through the graph: at 'lin'"):
         node_values(traced, wrong)
+
+
+def test_node_values_run_nothing_for_nodes_that_hold_no_tensor():
+    """A grad-mode switch or an in-place foreach op (no meta: it holds no tensor) does not make
+    the inputs run: a compile would otherwise run the whole graph for nothing (ResNet's
+    ``num_batches_tracked`` increments are one foreach op after decomposition)."""
+    graph = fx.Graph()
+    x, counters = graph.placeholder("x"), graph.placeholder("counters")
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    relu = graph.call_function(torch.relu, (x,))
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    increment = graph.call_function(torch._foreach_add_, ([counters], 1))
+    graph.output(relu)
+    gm = fx.GraphModule(nn.Module(), graph)
+    ShapeProp(gm).propagate(torch.randn(2, 8), torch.zeros(()))
+    increment.meta.clear()  # (as the decomposition leaves the op it adds)
+    no_meta = [n.name for n in gm.graph.nodes if n.op == "call_function" and meta_value(n) is None]
+    assert no_meta == ["_set_grad_enabled", "_set_grad_enabled_1", "_foreach_add_"]
+    wrong = (None, None)  # would not run: meta is enough
+    values = node_values(gm, wrong)
+    assert tuple(values[relu].shape) == (2, 8)
+    assert values[increment] is None
 
 
 def test_a_run_on_fake_inputs_makes_fake_tensors_from_nothing_and_takes_real_constants():

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from optimus_eqsat.fxvocab.meta import fetch_attr, meta_value
+from optimus_eqsat.fxvocab.meta import STATE_SWITCHES, fetch_attr, meta_value
 from optimus_eqsat.fxvocab.names import target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 
@@ -144,7 +144,7 @@ def _walk(
             reads_grad = reads_grad or any(p.requires_grad for p in params)
         name = target_name(node.target) if node.op != "call_module" else ""
         needs_grad[node] = state.grad and reads_grad and name != "detach"
-        if grad_at_start and not state.grad and reads_grad and name not in _STATE_OPS:
+        if grad_at_start and not state.grad and reads_grad and name not in STATE_SWITCHES:
             changes.append(f"{node.name}: reads a value that needs a gradient with grad mode off")
         if node.op != "call_function":
             continue
@@ -174,9 +174,6 @@ def _walk(
             state = state.with_autocast(device, enabled, dtype)
         elif name in ("_exit_autocast", "_exit_inference_mode") and saved:
             state = saved.pop()
-
-
-_STATE_OPS = frozenset({"_set_grad_enabled", "_enter_autocast", "_exit_autocast"})
 
 
 def _body(root: torch.fx.GraphModule, arg: Any) -> torch.fx.GraphModule | None:

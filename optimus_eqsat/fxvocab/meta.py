@@ -22,7 +22,7 @@ import torch.fx._pytree as fx_pytree
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.fx.node import map_aggregate
 
-from optimus_eqsat.fxvocab.mutation import written_attributes
+from optimus_eqsat.fxvocab.mutation import foreach_inplace, written_attributes
 from optimus_eqsat.fxvocab.symbolic import concrete_inputs, size_hint
 
 log = logging.getLogger("optimus_eqsat")
@@ -114,6 +114,19 @@ def node_tensor_infos(node: torch.fx.Node) -> list[TensorInfo] | None:
     None when no meta is present."""
     value = _known_value(node)
     return None if value is None else tensor_infos(value)
+
+
+#: Calls that switch the grad mode or autocast state: they hold no tensor.
+STATE_SWITCHES = frozenset({"_set_grad_enabled", "_enter_autocast", "_exit_autocast"})
+
+
+def holds_no_tensor(node: torch.fx.Node) -> bool:
+    """Whether ``node`` holds no tensor by what it calls, so a missing meta hides nothing: a
+    grad-mode or autocast switch (Dynamo gives these no meta) or an in-place foreach op (it
+    returns None; the decomposition's running-statistics updates are such ops)."""
+    if node.op != "call_function":
+        return False
+    return getattr(node.target, "__name__", "") in STATE_SWITCHES or foreach_inplace(node)
 
 
 def _known_value(node: torch.fx.Node) -> Any:
@@ -386,8 +399,9 @@ def node_values(
 ) -> dict[torch.fx.Node, Any]:
     """What each node holds: :func:`meta_value` and, where that is None and example
     inputs are given, the value :func:`record_shapes` records in one run of them (the
-    run happens only when some node other than the output lacks meta). None where
-    neither says (also for nodes that hold no tensor and have no meta).
+    run happens only when some node lacks meta that may hold a tensor: not the output, nor
+    a node that :func:`holds_no_tensor`). None where neither says (also for nodes that hold
+    no tensor and have no meta).
 
     ``shape_meta=True``: a node with only :data:`SHAPE_META` (an e-graph shape the
     rebuild left, no dtype) counts as known and holds that :class:`TensorInfo`.
@@ -395,7 +409,9 @@ def node_values(
     """
     read = _known_value if shape_meta else meta_value
     values = {n: read(n) for n in gm.graph.nodes}
-    if example_inputs is not None and any(v is None and n.op != "output" for n, v in values.items()):
+    if example_inputs is not None and any(
+        v is None and n.op != "output" and not holds_no_tensor(n) for n, v in values.items()
+    ):
         recorded = record_shapes(gm, tuple(example_inputs))
         for node, value in values.items():
             if value is None:

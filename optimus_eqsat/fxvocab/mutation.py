@@ -85,12 +85,12 @@ def written_inputs(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.
         if nodes:
             return nodes
     first = node.args[0] if node.args else None
-    if _foreach_inplace(node) and isinstance(first, (list, tuple)):
+    if foreach_inplace(node) and isinstance(first, (list, tuple)):
         return [t for t in first if isinstance(t, torch.fx.Node)]  # every tensor of its first list
     return [first] if isinstance(first, torch.fx.Node) else []
 
 
-def _foreach_inplace(node: torch.fx.Node) -> bool:
+def foreach_inplace(node: torch.fx.Node) -> bool:
     """An in-place foreach op (``torch._foreach_add_(tensors, 1)``): it writes its first list."""
     name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
     return name.startswith("_foreach_") and name.endswith("_")
@@ -114,7 +114,7 @@ def is_mutating(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if target is operator.setitem or getattr(target, "__name__", "").startswith("__i"):
         return True
     name = getattr(target, "__name__", "")
-    if (name.endswith("_") and not name.startswith("_")) or _foreach_inplace(node):
+    if (name.endswith("_") and not name.startswith("_")) or foreach_inplace(node):
         return True
     if target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
         return True
