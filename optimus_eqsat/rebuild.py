@@ -326,7 +326,13 @@ class Rebuilder:
             if stacked is not None:
                 sources, reshaped = stacked
                 new = self._call(torch.stack, ([self.of_class[x] for x in sources], dim))
-                return new if reshaped is None else self._call(torch.reshape, (new, self.sizes.reshape_sizes(reshaped)))
+                if reshaped is None:
+                    return new
+                # (the reshape gets its class's shape; the stack in between needs one too, or
+                # predicting the program would run it on the example inputs)
+                source = self.t.symbols.hinted(self.eg.shapes[sources[0]])
+                new.meta[SHAPE_META] = TensorInfo((len(sources), *source), self._itemsize(new))
+                return self._call(torch.reshape, (new, self.sizes.reshape_sizes(reshaped)))
             return self._call(torch.cat, ([self.of_class[m] for m in members], dim))
         elif ctor == "Scalar":
             return self._emit_scalar(*args)

@@ -207,3 +207,51 @@ def test_strategies_and_pricing_seam():
         # pricing keeps what the fusion model decided: one kernel per plan, same nodes, kind, note
         assert [(p.kind, p.nodes, p.note) for p in plans] == [(k.kind, k.nodes, k.note) for k in kernels]
         assert [k for p in plans for k in pricing.price(p)] == kernels
+
+
+class _ConvBlock(nn.Module):
+    """ResNet's pattern: conv -> training BatchNorm2d -> ReLU twice (two num_batches_tracked
+    increments, one foreach op after the decomposition)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).relu()
+
+
+class _Experts(nn.Module):
+    """Three linears, each on its own input: batched into one bmm, whose weights' and biases'
+    stacks are new nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([e(part).relu() for e, part in zip(self.experts, x.unbind(0))], 1).sum(1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: (_ConvBlock(), torch.randn(2, 3, 6, 6)), lambda: (_Experts(), torch.randn(3, 4, 8))],
+    ids=["conv", "experts"],
+)
+def test_optimizing_a_dynamo_graph_runs_nothing_on_its_inputs(make, monkeypatch: pytest.MonkeyPatch):
+    """Dynamo's meta and the rebuild's shapes are enough: the optimizer predicts the original and
+    the rebuilt programs without running either on the example inputs (each run is a forward)."""
+    from optimus_eqsat import optimize_graph
+    from optimus_eqsat.fxvocab import meta as meta_module
+    from optimus_eqsat.inductor_count import capture_dynamo_graph
+
+    module, x = make()
+    gm, example_inputs = capture_dynamo_graph(module.train(), (x,))
+    runs = []
+    record = meta_module.record_shapes
+    monkeypatch.setattr(meta_module, "record_shapes", lambda *a: runs.append(1) or record(*a))
+    result = optimize_graph(gm, example_inputs)
+    assert "verify" in result.meta["optimus_eqsat"].phase_seconds  # (both programs were predicted)
+    assert runs == []

@@ -118,15 +118,18 @@ def node_tensor_infos(node: torch.fx.Node) -> list[TensorInfo] | None:
 
 #: Calls that switch the grad mode or autocast state: they hold no tensor.
 STATE_SWITCHES = frozenset({"_set_grad_enabled", "_enter_autocast", "_exit_autocast"})
+#: Calls that hold no tensor whatever their arguments (``torch.nn`` code logs its API usage).
+_HOLD_NOTHING = STATE_SWITCHES | {"_log_api_usage_once"}
 
 
 def holds_no_tensor(node: torch.fx.Node) -> bool:
     """Whether ``node`` holds no tensor by what it calls, so a missing meta hides nothing: a
-    grad-mode or autocast switch (Dynamo gives these no meta) or an in-place foreach op (it
-    returns None; the decomposition's running-statistics updates are such ops)."""
+    grad-mode or autocast switch or an API-usage log call (Dynamo gives these no meta), or an
+    in-place foreach op (it returns None; the decomposition's running-statistics updates are
+    such ops)."""
     if node.op != "call_function":
         return False
-    return getattr(node.target, "__name__", "") in STATE_SWITCHES or foreach_inplace(node)
+    return getattr(node.target, "__name__", "") in _HOLD_NOTHING or foreach_inplace(node)
 
 
 def _known_value(node: torch.fx.Node) -> Any:
