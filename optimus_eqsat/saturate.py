@@ -121,8 +121,8 @@ class _PreparedEGraphs:
     graphs): a third of the optimizer's time on a graph with nothing to rewrite. A session
     takes a prepared e-graph and marks it (egglog's ``push``, a copy of a few ms); giving it
     back restores the mark (``pop``: facts, unions and rule runs gone, as in a fresh one).
-    An e-graph taken is held by one session only; one given back after a failure is not
-    taken (it is dropped with the session instead).
+    An e-graph taken is held by one session only; a run that fails, or that hands its
+    session to the caller (the explorer), never gives it back: it is dropped with the session.
     """
 
     MAX_IDLE = 2  # prepared e-graphs kept per choice of rule sets
