@@ -137,9 +137,7 @@ class _PreparedEGraphs:
             idle = self._idle.get(programs)
             egraph = idle.pop() if idle else None
         if egraph is None:
-            egraph = _bindings().EGraph()
-            for program in [LANGUAGE, shape_rules().program]:
-                egraph.run_program(*_parsed(program))
+            egraph = _language_egraph()
             for program, name in programs:
                 egraph.run_program(*_parsed_split(program, name)[0])
         egraph.run_program(*_parsed("(push)"))
@@ -157,6 +155,14 @@ class _PreparedEGraphs:
 
 
 _PREPARED = _PreparedEGraphs()
+
+
+def _language_egraph() -> Any:
+    """A new e-graph holding the language and the shape rules, no rule set."""
+    egraph = _bindings().EGraph()
+    for program in [LANGUAGE, shape_rules().program]:
+        egraph.run_program(*_parsed(program))
+    return egraph
 
 
 @functools.lru_cache(maxsize=64)
@@ -182,9 +188,9 @@ def check_ruleset(ruleset: RuleSet, builtin: Iterable[RuleSet] = ()) -> None:
     """Load ``ruleset`` into a scratch e-graph beside the language and ``builtin`` families;
     raise ``RuleFileError`` with its description (the file) and egglog's message when
     egglog refuses it (syntax, unknown constructor, a ruleset name already taken)."""
-    scratch = _bindings().EGraph()
-    for program in [LANGUAGE, shape_rules().program, *(r.program for r in builtin)]:
-        scratch.run_program(*_parsed(program))
+    scratch = _language_egraph()
+    for builtin_ruleset in builtin:
+        scratch.run_program(*_parsed(builtin_ruleset.program))
     try:
         scratch.run_program(*scratch.parse_program(ruleset.program))
     except Exception as exc:  # egglog's EggSmolError: "In line:col-col: text\nwhat is wrong"
