@@ -32,6 +32,7 @@ from optimus_eqsat.fxvocab import (
     TensorInfo,
     canonical_name,
     fetch_attr,
+    meta_value,
     node_tensor_infos,
     target_name,
 )
@@ -275,6 +276,7 @@ class Rebuilder:
             new.meta.update(self.region_of_class[key])
         if key in self.eg.shapes and not any(k in new.meta for k in ("val", "example_value", "tensor_meta")):
             new.meta[SHAPE_META] = TensorInfo(self.t.symbols.hinted(self.eg.shapes[key]), self._itemsize(new))
+        _give_item_shape(new)
         self.of_class[key] = new
 
     def _itemsize(self, new: torch.fx.Node) -> int:
@@ -763,3 +765,21 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
     finally:
         leave_kernel()
     return vals
+
+
+def _give_item_shape(item: torch.fx.Node) -> None:
+    """A ``getitem`` of a node without meta (a tuple op the rebuild emitted, ``var_mean``) gives
+    its tensor's shape to that node's :data:`SHAPE_META`, a tuple with one slot per item read
+    (None for an item nothing reads): predicting the program then knows the tuple without
+    running it."""
+    whole = item.args[0] if item.target is operator.getitem and len(item.args) == 2 else None
+    if not isinstance(whole, torch.fx.Node) or not isinstance(item.args[1], int) or meta_value(whole) is not None:
+        return
+    known = whole.meta.get(SHAPE_META)
+    infos = node_tensor_infos(item)
+    if not infos or len(infos) != 1 or not isinstance(known, (tuple, type(None))):  # (x[0] of a tensor)
+        return
+    items = list(known or ())
+    items += [None] * (item.args[1] + 1 - len(items))
+    items[item.args[1]] = infos[0]
+    whole.meta[SHAPE_META] = tuple(items)

@@ -235,10 +235,27 @@ class _Experts(nn.Module):
         return torch.stack([e(part).relu() for e, part in zip(self.experts, x.unbind(0))], 1).sum(1)
 
 
+class _NormExperts(nn.Module):
+    """rechub's expert: linear -> training batch norm -> ReLU, three over one input: the rebuilt
+    program computes the norms' statistics with one batched ``var_mean`` (a tuple op, whose
+    items the rebuild gives shapes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU()) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum(e(x) for e in self.experts)
+
+
 @pytest.mark.parametrize(
     "make",
-    [lambda: (_ConvBlock(), torch.randn(2, 3, 6, 6)), lambda: (_Experts(), torch.randn(3, 4, 8))],
-    ids=["conv", "experts"],
+    [
+        lambda: (_ConvBlock(), torch.randn(2, 3, 6, 6)),
+        lambda: (_Experts(), torch.randn(3, 4, 8)),
+        lambda: (_NormExperts(), torch.randn(4, 8)),
+    ],
+    ids=["conv", "experts", "norm_experts"],
 )
 def test_optimizing_a_dynamo_graph_runs_nothing_on_its_inputs(make, monkeypatch: pytest.MonkeyPatch):
     """Dynamo's meta and the rebuild's shapes are enough: the optimizer predicts the original and
