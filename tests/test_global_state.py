@@ -187,3 +187,45 @@ def test_an_op_needing_a_gradient_inside_a_no_grad_region_is_found():
     assert [c.split(":")[0] for c in state_changes(gm)] == ["relu"]
     x.meta["example_value"] = torch.randn(2, 2)  # (nothing needs a gradient: no change)
     assert state_changes(gm) == []
+
+
+class Towers(nn.Module):
+    """Three linear -> ReLU -> linear towers of one input, concatenated: batched, the towers' linears
+    become matmuls of stacked weights plus separate bias adds, which autocast casts otherwise."""
+
+    def __init__(self):
+        super().__init__()
+        self.towers = nn.ModuleList(nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 4)) for _ in range(3))
+
+    def forward(self, x):
+        return torch.cat([t(x) for t in self.towers], -1)
+
+
+def test_autocast_in_force_leaves_dynamos_graph_alone_and_optimizes_the_aten_graphs():
+    """Under the caller's bf16 autocast, eager's output is bf16; batching the Dynamo graph's
+    linears (a float32 bias added apart) gave float32. The Dynamo graph is declined; the aten
+    graphs, their casts written in, are still batched, within bf16's rounding of eager."""
+    from optimus_eqsat.fxvocab.global_state import ambient_autocast
+
+    torch.manual_seed(0)
+    model, x = Towers(), torch.randn(16, 32)
+    ours = copy.deepcopy(model)
+    with _bf16_autocast():
+        gm, _ = _dynamo_graph(model, x)
+        assert ambient_autocast(gm) == ["cpu bfloat16"]
+        report = optimize_graph(gm, mode="training").meta["optimus_eqsat"]
+        assert report.fell_back and "autocast in force (cpu bfloat16)" in report.fallback_reason
+        backend = make_backend(measure=False, profile="h200")
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(force_disable_caches=True):  # (a cached program skips the pass)
+            got = torch.compile(ours, backend=backend)(x)
+        want = model(x)
+    assert ambient_autocast(gm) == []  # (autocast off again)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    got.float().square().sum().backward()
+    want.float().square().sum().backward()
+    for p, q in zip(ours.parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2)
+    assert backend.reports[0].fell_back  # (Dynamo's graph)
+    assert any(not r.fell_back and sum(r.batched.values()) for _, r in backend.post_grad_reports)
