@@ -203,6 +203,10 @@ def unsafe_to_time(gm: torch.fx.GraphModule, args: Sequence[Any]) -> str:
         return "called inside a backward"
     if has_collectives(gm):
         return "the graph calls collective ops, which every rank must run alike"
+    if torch.autograd._profiler_enabled():
+        # (the CPU's peak memory is read with a profiler of our own, and opening one ends the
+        # user's session; the user's would also record the timing, and slow what it times)
+        return "a profiler is recording"
     return ""
 
 

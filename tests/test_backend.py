@@ -426,3 +426,22 @@ def test_a_symbolic_graph_no_pass_rewrites_is_compiled_once(monkeypatch):
     assert calls == [1]
     assert all(r.measured is None for r in backend.reports)
     torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_users_profiler_keeps_its_session_through_the_first_call():
+    """The measured choice reads the CPU's peak memory with a profiler of its own; inside the
+    user's profiler that ended the user's session (0 events recorded). It now times nothing
+    there, keeps the optimizer's program, and says why."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_TwoTaskExperts(), nn.Flatten(0))
+    backend = make_backend(profile="h200")  # (measure on: the optimizer's program is a candidate)
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(16, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            compiled(x).sum().backward()
+    assert len(prof.events()) > 100
+    measured = [r.measured for r in backend.reports if r.measured is not None]
+    assert measured and "a profiler is recording" in measured[0].reason

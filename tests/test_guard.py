@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -393,7 +394,7 @@ def test_training_is_timed_on_detached_inputs_so_no_hook_of_the_user_fires():
     assert result.rounds > 0 and not fired and w.grad is None and x.grad is None
 
 
-@pytest.mark.parametrize("case", ["collective", "list", "subclass"])
+@pytest.mark.parametrize("case", ["collective", "list", "subclass", "profiler"])
 def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case):
     import optimus_eqsat.guard as guard_module
     from optimus_eqsat.guard import has_collectives, unsafe_to_time
@@ -413,15 +414,20 @@ def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case)
     elif case == "list":  # compiled autograd's boxed inputs: a program empties the list
         gm = torch.fx.symbolic_trace(lambda inputs: inputs[0] + 1)
         args = [[torch.ones(2)]]
-    else:
+    elif case == "subclass":
         from torch.testing._internal.two_tensor import TwoTensor
 
         gm = torch.fx.symbolic_trace(lambda x: x + 1)
         args = [TwoTensor(torch.ones(2), torch.ones(2))]
-    assert unsafe_to_time(gm, args)
+    else:  # the user's profiler: ours for the peak memory would end its session
+        gm = torch.fx.symbolic_trace(lambda x: x + 1)
+        args = [torch.ones(2)]
+    profiling = torch.profiler.profile() if case == "profiler" else contextlib.nullcontext()
     results = []
     choice = FirstCallChoice({"original": Deferred(lambda: gm), "optimized": lambda *a: "ran"}, gm, 0.0, results.append)
-    assert choice(*args) == "ran"
+    with profiling:
+        assert unsafe_to_time(gm, args)
+        assert choice(*args) == "ran"
     assert results[0].kept == "optimized" and results[0].rounds == 0
     assert results[0].summary().startswith("not timed: cannot time here")
     assert not has_collectives(torch.fx.symbolic_trace(lambda x: x + 1))
