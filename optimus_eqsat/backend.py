@@ -135,11 +135,24 @@ class OptimusBackend:
         self.options = options
         self.reports: list[OptimizeReport] = []
         self.post_grad_reports: list[tuple[str, OptimizeReport]] = []
+        self._variants: dict[str, OptimusBackend] = {}  # for torch.compile's (mode, options): _with
         self.whole_ddp_graph: Callable[..., Callable] | None = (
             self.compile_whole_ddp_graph if own.whole_ddp_graph and install_ddp_whole_graph() else None
         )
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    def __call__(
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Callable:
+        """Compile ``gm``. ``torch.compile(model, backend=this, mode=..., options=...)`` passes its
+        ``mode`` and ``options`` here: the graph is then compiled by this backend's options with
+        those on top (:func:`backend_options`), its reports kept here too."""
+        if mode not in (None, "default") or options:
+            return self._with(mode, options)(gm, example_inputs)
         with _compile_scope(self.own.inductor_config, self.own.measure and _fake_first_call()):
             piece = current_piece()
             if piece is Piece.ORIGINAL:
@@ -188,6 +201,19 @@ class OptimusBackend:
         self.reports.append(report)
         _log_report(report)
         return report
+
+    def _with(self, mode: str | None, options: dict[str, Any] | None) -> OptimusBackend:
+        """This backend's options with ``torch.compile``'s ``mode`` and ``options`` on top (made
+        once per pair), reporting into this backend's lists."""
+        key = repr((mode, sorted((options or {}).items())))
+        if key not in self._variants:
+            extra = backend_options(mode, options)
+            config = {**self.own.inductor_config, **extra.pop("inductor_config", {})}
+            made = {f.name: getattr(self.own, f.name) for f in fields(BackendOptions)}
+            variant = make_backend(**{**made, **self.options, **extra, "inductor_config": config})
+            variant.reports, variant.post_grad_reports = self.reports, self.post_grad_reports
+            self._variants[key] = variant
+        return self._variants[key]
 
     def compile_with_us(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], run_pre_grad: bool) -> Callable:
         """Dynamo's graph through our pre-grad pass (``run_pre_grad``), then Inductor with our

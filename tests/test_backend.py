@@ -129,6 +129,15 @@ def test_torch_compile_mode_and_options_reach_the_backend(monkeypatch):
         torch.testing.assert_close(compiled(x), model(x))
     assert seen and all(p.get("max_autotune") is True for p in seen)
 
+    seen.clear()
+    torch._dynamo.reset()  # a backend of ours made by hand: its options, the mode's on top
+    made = make_backend(measure=False, extractor="greedy", inductor_config={"cpp.simdlen": 0})
+    compiled = torch.compile(model, backend=made, mode="max-autotune-no-cudagraphs")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert seen and all(p.get("max_autotune") is True and p.get("cpp.simdlen") == 0 for p in seen)
+    assert made.reports and made.reports[-1].extractor.startswith("greedy")
+
     assert backend_module.backend_options("reduce-overhead", {"freezing": True, "measure": False}) == {
         "measure": False,
         "inductor_config": {"triton.cudagraphs": True, "freezing": True},
