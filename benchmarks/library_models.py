@@ -1,8 +1,9 @@
 """Models from maintained recommendation libraries, compiled as a new user would.
 
 ``torch.compile(model, backend="optimus_eqsat")`` on the CTR and multi-task models
-of torch-rechub and deepctr-torch (whichever is installed: ``pip install
-torch-rechub deepctr-torch``; neither is a dependency of this project), small
+of torch-rechub and deepctr-torch, and Hugging Face transformers' BERT, GPT-2,
+Mixtral and Qwen2-MoE (whichever is installed: ``pip install torch-rechub
+deepctr-torch transformers``; none is a dependency of this project), small
 configurations with random inputs:
 
 - ``--check``: outputs, gradients (training) and floating buffers after the step of
@@ -123,10 +124,60 @@ def _deepctr_builders() -> dict[str, Callable[[int], Case]]:
     }
 
 
+class _Logits(torch.nn.Module):
+    """A transformers model as a training loop calls it: token ids and an attention mask in, the
+    logits out (its output object holds them among other things)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask).logits
+
+
+def _transformers_builders() -> dict[str, Callable[[int], Case]]:
+    """Tiny configurations of Hugging Face transformers' own models: an encoder, a decoder and
+    two mixtures of experts (Mixtral's routed experts; Qwen2-MoE's, plus a shared expert),
+    sequences of 16 tokens, dropout off (eager and compiled draw different masks)."""
+    import transformers as hf
+
+    vocab, seq = 100, 16
+    small = {"vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    moe = {**small, "num_key_value_heads": 1, "max_position_embeddings": 64, "num_experts_per_tok": 2}
+    configs = {
+        "hf.Bert": lambda: hf.BertForSequenceClassification(
+            hf.BertConfig(
+                **small, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3
+            )
+        ),
+        "hf.GPT2": lambda: hf.GPT2LMHeadModel(
+            hf.GPT2Config(
+                vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+            )
+        ),
+        "hf.Mixtral": lambda: hf.MixtralForCausalLM(hf.MixtralConfig(**moe, intermediate_size=48, num_local_experts=4)),
+        "hf.Qwen2Moe": lambda: hf.Qwen2MoeForCausalLM(
+            hf.Qwen2MoeConfig(
+                **moe, intermediate_size=48, moe_intermediate_size=24, shared_expert_intermediate_size=48, num_experts=4
+            )
+        ),
+    }
+
+    def case(make: Callable[[], torch.nn.Module]) -> Callable[[int], Case]:
+        def build(batch: int) -> Case:
+            ids = torch.randint(0, vocab, (batch, seq))
+            return _Logits(make()), (ids, torch.ones_like(ids))
+
+        return build
+
+    return {name: case(make) for name, make in configs.items()}
+
+
 def library_cases() -> dict[str, Callable[[int], Case]]:
     """Builders (batch -> model, inputs) of every installed library's models."""
     cases: dict[str, Callable[[int], Case]] = {}
-    for builders in (_rechub_builders, _deepctr_builders):
+    for builders in (_rechub_builders, _deepctr_builders, _transformers_builders):
         try:
             cases.update(builders())
         except ImportError as exc:
