@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import statistics
 import sys
 import time
@@ -390,14 +391,37 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
         return max(torch.cuda.max_memory_allocated() - base, 0)
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _stderr_silenced():
+        prof.start()
+    try:
         step()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    finally:
+        with _stderr_silenced():
+            prof.stop()
+    recorded = cast(Any, prof.profiler).kineto_results.events()  # (torch's stubs type it loosely)
+    events = sorted((e.start_ns(), e.nbytes()) for e in recorded if e.name() == "[memory]")
     current = peak = 0
     for _, nbytes in events:
         current += nbytes
         peak = max(peak, current)
     return peak
+
+
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """The process's standard error (file descriptor 2) sent nowhere: torch's profiler prints a
+    line there as it starts and as it stops, which would land in the user's output on every
+    first call that measures on the CPU."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class _CompileContext:

@@ -68,13 +68,20 @@ def test_resident_bytes_count_each_storage_once():
     assert resident_bytes([w, w[0], w.t(), torch.randn(8), 3]) == w.nbytes + 8 * 4
 
 
-def test_step_peak_memory_is_measured_on_the_cpu():
+def test_step_peak_memory_is_measured_on_the_cpu(capfd):
+    """... without the lines torch's profiler prints to standard error as it starts and stops
+    (``profiler_start``) reaching the user's output; what the step prints still does."""
+    import sys
+
     from optimus_eqsat.guard import step_peak_bytes
 
     x = torch.randn(256, 256)
     small = step_peak_bytes(lambda: x + 1, on_cuda=False)
     big = step_peak_bytes(lambda: torch.cat([x] * 8) + 1, on_cuda=False)
     assert small >= x.numel() * 4 and big >= 8 * small
+    step_peak_bytes(lambda: print("the step's own", file=sys.stderr, flush=True), on_cuda=False)
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "profiler_stop" not in err and "the step's own" in err
 
 
 def test_a_clearly_faster_candidate_is_kept():
