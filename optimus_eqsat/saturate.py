@@ -144,14 +144,17 @@ class _PreparedEGraphs:
         return egraph
 
     def give_back(self, programs: tuple[tuple[str, str], ...], egraph: Any) -> None:
-        egraph.run_program(*_parsed("(pop)"))
         with self._lock:
             idle = self._idle.setdefault(programs, [])
             self._idle.move_to_end(programs)
-            if len(idle) < self.MAX_IDLE:
-                idle.append(egraph)
             while len(self._idle) > self.MAX_CHOICES:
                 self._idle.popitem(last=False)
+            if len(idle) >= self.MAX_IDLE:
+                return  # (dropped: restoring it would be wasted work)
+        egraph.run_program(*_parsed("(pop)"))
+        with self._lock:
+            if len(idle) < self.MAX_IDLE:
+                idle.append(egraph)
 
 
 _PREPARED = _PreparedEGraphs()

@@ -45,3 +45,21 @@ def test_optimize_graph_gives_the_same_program_on_a_reused_e_graph():
     reports = [run.meta["optimus_eqsat"] for run in runs]
     assert len({(r.launches_after, r.eclasses, tuple(sorted(r.rules_fired.items()))) for r in reports}) == 1
     assert reports[0].nodes_after < reports[0].nodes_before
+
+
+def test_an_e_graph_given_back_to_a_full_pool_is_dropped_without_restoring_it():
+    from optimus_eqsat.saturate import _PreparedEGraphs
+
+    class Recording:
+        def __init__(self) -> None:
+            self.commands = 0
+
+        def run_program(self, *commands) -> None:
+            self.commands += 1
+
+    pool, key = _PreparedEGraphs(), (("(ruleset r)", "r"),)
+    graphs = [Recording() for _ in range(pool.MAX_IDLE + 1)]
+    for graph in graphs:
+        pool.give_back(key, graph)
+    assert [g.commands for g in graphs] == [1] * pool.MAX_IDLE + [0]  # (the pop, or nothing)
+    assert pool.take(key) is graphs[pool.MAX_IDLE - 1]  # (the last one kept, taken first)
