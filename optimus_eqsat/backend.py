@@ -348,10 +348,20 @@ class OptimusBackend:
         gm: torch.fx.GraphModule,
         example_inputs: Sequence[Any],
         buckets: tuple[int, int] | None = None,
+        *,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
     ) -> Callable:
         """DDP (:mod:`.ddp_whole_graph`): optimize Dynamo's whole graph, then let DDPOptimizer cut
         the program kept into its buckets (``split``); the measured choice times the optimized
-        program's pieces against the original's, both cut, on the first real call."""
+        program's pieces against the original's, both cut, on the first real call.
+        ``torch.compile``'s ``mode`` and ``options``, where given, are on top of this backend's
+        (as in :meth:`__call__`)."""
+        if mode not in (None, "default") or options:
+            variant = self._with(mode, options)
+            if variant.whole_ddp_graph is None:
+                return split(gm)
+            return variant.compile_whole_ddp_graph(split, gm, example_inputs, buckets)
         own = self.own
         if not (own.pre_grad and own.inductor):
             return split(gm)

@@ -124,3 +124,18 @@ def test_the_backend_cuts_its_optimized_program_and_falls_back_to_the_original_w
     backend.whole_ddp_graph(failing_split, gm, example_inputs)
     assert cuts == ["failed", (Piece.UNCHANGED, 4)], cuts  # the original, each piece with our post-grad passes
     assert backend.reports[-1].fell_back and "cannot cut" in backend.reports[-1].fallback_reason
+
+
+def test_a_backend_made_by_hand_takes_the_mode_of_torch_compile_under_ddp():
+    """``torch.compile(DDP(model), backend=make_backend(...), mode=...)``: the whole-graph hook
+    passes the mode as the string backend's wrapper does; the backend compiles with a variant
+    holding its options and the mode's (a TypeError inside the user's compile before)."""
+    from optimus_eqsat.backend import make_backend
+
+    made = make_backend(measure=False, pre_grad=False)  # (pre_grad off: DDPOptimizer cuts as it is)
+    wrapper = torch._TorchCompileWrapper(made, "max-autotune-no-cudagraphs", None, None)
+    gm = _graph()
+    compiled = _ddp_optimizer(WrapBackendDebug(wrapper, "optimus_eqsat")).compile_fn(gm, [torch.randn(2)])
+    assert compiled is not None
+    (variant,) = made._variants.values()
+    assert variant.own.inductor_config.get("max_autotune") is True and not variant.own.pre_grad
