@@ -537,6 +537,66 @@ def test_post_grad_pass_matches_eager(flavour: str, seed: int) -> None:
     assert reports, "the pass saw no graph"
 
 
+AUTOCAST_SEEDS = int(os.environ.get("OPTIMUS_FUZZ_AUTOCAST_SEEDS", "8"))
+
+
+def check_post_grad_under_autocast(g: GeneratedGraph, graph_pass: Callable[[fx.Graph], Any]) -> None:
+    """``g`` through AOTAutograd and ``graph_pass`` under bf16 autocast, against ``g`` run eagerly
+    under it: every output of eager's dtype (autocast's casts are ops of the aten graphs, which
+    a rewrite must keep) and within bf16's rounding (a loose bound: a wrong member or slice is
+    off by the values' own size)."""
+    from optimus_eqsat.postgrad.capture import aot_eager_with_pass
+
+    inputs = _leaves(g.example_inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = g.gm(*inputs)
+        got = aot_eager_with_pass(copy.deepcopy(g.gm), inputs, graph_pass)(*inputs)
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    for i, (a, e) in enumerate(zip(got, want)):
+        assert a.dtype == e.dtype, f"output {i}: {a.dtype}, eager's {e.dtype}"
+        scale = max(1.0, e.float().abs().max().item())
+        torch.testing.assert_close(a.float(), e.float(), rtol=0.05, atol=0.05 * scale, msg=f"output {i}")
+
+
+@pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
+@pytest.mark.parametrize("seed", range(AUTOCAST_SEEDS))
+def test_post_grad_pass_under_autocast_keeps_eagers_dtypes(seed: int) -> None:
+    """Under autocast around the call the backend leaves Dynamo's graph alone and optimizes
+    the aten graphs, where the casts are ops."""
+    from optimus_eqsat.postgrad import PostGradPass
+
+    flavour = ("plain", "noparams")[seed % 2]
+    g = make_case(flavour, seed)
+    optimizer = PostGradPass(require_fewer_launches=False, **_fuzz_options())
+    try:
+        check_post_grad_under_autocast(g, optimizer)
+    except Exception as e:  # attach the program to any failure
+        raise AssertionError(_explain(flavour, seed, g)) from e
+    assert any(not r.fell_back and r.changed for _, r in optimizer.reports), "the pass rewrote nothing"
+
+
+def test_the_autocast_check_catches_a_pass_that_changes_a_dtype() -> None:
+    def upcast_outputs(graph: fx.Graph) -> None:
+        output = next(n for n in graph.nodes if n.op == "output")
+        with graph.inserting_before(output):
+            converted = [
+                graph.call_function(torch.ops.prims.convert_element_type.default, (a, torch.float32))
+                if isinstance(a, fx.Node) and a.meta.get("val") is not None and a.meta["val"].dtype == torch.bfloat16
+                else a
+                for a in output.args[0]
+            ]
+        output.args = (converted,)
+
+    caught = 0
+    for seed in range(4):
+        try:
+            check_post_grad_under_autocast(make_case("plain", seed), upcast_outputs)
+        except AssertionError:
+            caught += 1
+    assert caught >= 2
+
+
 # ---------------------------------------------------------------------------
 # the harness checks itself (run even without optimize_graph)
 # ---------------------------------------------------------------------------
