@@ -151,8 +151,9 @@ class OptimusBackend:
         """Compile ``gm``. ``torch.compile(model, backend=this, mode=..., options=...)`` passes its
         ``mode`` and ``options`` here: the graph is then compiled by this backend's options with
         those on top (:func:`backend_options`), its reports kept here too."""
-        if mode not in (None, "default") or options:
-            return self._with(mode, options)(gm, example_inputs)
+        key = _variant_key(mode, options)
+        if key is not None:
+            return self._with(key, mode, options)(gm, example_inputs)
         with _compile_scope(self.own.inductor_config, self.own.measure and _fake_first_call()):
             piece = current_piece()
             if piece is Piece.ORIGINAL:
@@ -202,10 +203,9 @@ class OptimusBackend:
         _log_report(report)
         return report
 
-    def _with(self, mode: str | None, options: dict[str, Any] | None) -> OptimusBackend:
+    def _with(self, key: str, mode: str | None, options: dict[str, Any] | None) -> OptimusBackend:
         """This backend's options with ``torch.compile``'s ``mode`` and ``options`` on top (made
-        once per pair), reporting into this backend's lists."""
-        key = repr((mode, sorted((options or {}).items())))
+        once per ``key``, their :func:`_variant_key`), reporting into this backend's lists."""
         if key not in self._variants:
             extra = backend_options(mode, options)
             config = {**self.own.inductor_config, **extra.pop("inductor_config", {})}
@@ -357,8 +357,9 @@ class OptimusBackend:
         program's pieces against the original's, both cut, on the first real call.
         ``torch.compile``'s ``mode`` and ``options``, where given, are on top of this backend's
         (as in :meth:`__call__`)."""
-        if mode not in (None, "default") or options:
-            variant = self._with(mode, options)
+        key = _variant_key(mode, options)
+        if key is not None:
+            variant = self._with(key, mode, options)
             if variant.whole_ddp_graph is None:
                 return split(gm)
             return variant.compile_whole_ddp_graph(split, gm, example_inputs, buckets)
@@ -773,11 +774,18 @@ def optimus_eqsat_backend(
     return _made(mode, options)(gm, example_inputs)
 
 
+def _variant_key(mode: str | None, options: dict[str, Any] | None) -> str | None:
+    """A key for ``torch.compile``'s ``mode`` and ``options``, or None when they ask for nothing."""
+    if mode in (None, "default") and not options:
+        return None
+    return repr((mode, sorted((options or {}).items())))
+
+
 def _made(mode: str | None, options: dict[str, Any] | None) -> Callable:
     """The backend made for ``torch.compile``'s ``mode`` and ``options`` (made once)."""
-    if (mode in (None, "default")) and not options:
+    key = _variant_key(mode, options)
+    if key is None:
         return _DEFAULT
-    key = repr((mode, sorted((options or {}).items())))
     if key not in _MADE:
         _MADE[key] = make_backend(**backend_options(mode, options))
     return _MADE[key]

@@ -107,16 +107,25 @@ def state_changes(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _needs_grad_at_input(root: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    value = _input_value(root, node)
+    if value is _UNKNOWN:
+        return True  # (as if it needed one)
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+_UNKNOWN = object()
+
+
+def _input_value(root: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
+    """What a graph input holds: a ``get_attr``'s attribute of ``root``, a placeholder's meta
+    value; :data:`_UNKNOWN` where neither says."""
     if node.op == "get_attr":
         try:
-            value = fetch_attr(root, str(node.target))
+            return fetch_attr(root, str(node.target))
         except AttributeError:
-            return True
-        return isinstance(value, torch.Tensor) and value.requires_grad
+            return _UNKNOWN
     value = meta_value(node)
-    if value is None:
-        return True  # (unknown: as if it needed one)
-    return isinstance(value, torch.Tensor) and value.requires_grad
+    return _UNKNOWN if value is None else value
 
 
 def _walk(
@@ -197,7 +206,7 @@ def ambient_autocast(gm: torch.fx.GraphModule) -> list[str]:
     devices = {
         value.device.type
         for node in gm.graph.nodes
-        if node.op in ("placeholder", "get_attr") and isinstance(value := _tensor_of(gm, node), torch.Tensor)
+        if node.op in ("placeholder", "get_attr") and isinstance(value := _input_value(gm, node), torch.Tensor)
     }
     return [
         f"{device} {str(dtype).removeprefix('torch.')}"
@@ -216,15 +225,6 @@ def _cast_when_run(node: torch.fx.Node) -> bool:
     if isinstance(node.target, torch._ops.OperatorBase):
         return False
     return getattr(node.target, "__module__", None) not in ("_operator", "operator", "builtins", "math")
-
-
-def _tensor_of(root: torch.fx.GraphModule, node: torch.fx.Node) -> Any:
-    if node.op == "get_attr":
-        try:
-            return fetch_attr(root, str(node.target))
-        except AttributeError:
-            return None
-    return meta_value(node)
 
 
 def decline_state_changes(gm: torch.fx.GraphModule) -> None:
