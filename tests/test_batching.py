@@ -283,3 +283,14 @@ def test_report_describes_the_extraction_refine_kept():
         kept.cost,
         kept.optimal,
     )
+
+
+def test_layer_norms_of_bf16_inputs_with_float32_scales_are_not_batched():
+    """Autocast's mixed precision: ``F.layer_norm`` of a bf16 input with float32 scale and shift
+    gives bf16; the batched form's separate multiply by the stacked scale would give float32."""
+    module = Norms()
+    x = torch.randn(4, FEATURES * WIDTH).bfloat16()
+    optimized = optimize_graph(torch.fx.symbolic_trace(module), (x,), mode="inference")
+    assert not optimized.meta["optimus_eqsat"].batched.get("batch-layer_norm")
+    with torch.no_grad():
+        assert optimized(x).dtype == module(x).dtype == torch.bfloat16

@@ -37,7 +37,12 @@ class LayerNorm(BatchKind):
         spec = t.registry.specs.get(c.key)
         if not shapes_known(t, c) or spec is None or layer_norm_args(spec) is None:
             return None
-        return ("layer_norm", c.key, tuple(t.shapes[o] for o in c.operands), t.dtypes.get(c.node))
+        dtype = t.dtypes.get(c.node)
+        if dtype is None or any(t.dtypes.get(o) != dtype for o in c.operands):
+            # a float32 scale of a bf16 input (autocast's mixed precision): F.layer_norm gives
+            # bf16, the separate multiply by the stacked scale would promote to float32
+            return None
+        return ("layer_norm", c.key, tuple(t.shapes[o] for o in c.operands), dtype)
 
     def build(self, b: BatchBuilder, group: list[Candidate]) -> bool:
         t, c0 = b.t, group[0]
