@@ -294,3 +294,17 @@ def test_layer_norms_of_bf16_inputs_with_float32_scales_are_not_batched():
     assert not optimized.meta["optimus_eqsat"].batched.get("batch-layer_norm")
     with torch.no_grad():
         assert optimized(x).dtype == module(x).dtype == torch.bfloat16
+
+
+def test_batched_bf16_linears_keep_the_bias_inside_the_product():
+    """In bf16 a product rounded before a separate bias add is rounded twice; the batched linears
+    are one baddbmm, the bias inside it as in each linear: eager's outputs to the bit here."""
+    torch.manual_seed(0)
+    module = Towers().bfloat16()
+    x = torch.randn(16, FEATURES * WIDTH).bfloat16()
+    program, report = batched_program(module, x)
+    counts = op_counts(program)
+    assert report.batched.get("batch-linear") == FEATURES
+    assert counts["baddbmm"] == 1 and counts["matmul"] == 0 and counts["linear"] == 0, dict(counts)
+    with torch.no_grad():
+        assert torch.equal(program(x), module(x))
