@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from optimus_eqsat import rewrites
+from optimus_eqsat.autocast_casts import autocast_casts_in, with_explicit_casts
 from optimus_eqsat.budget import Budget
 from optimus_eqsat.checkpoint_regions import with_regions_inlined
 from optimus_eqsat.decompose import before_translation
@@ -22,7 +23,7 @@ from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
 from optimus_eqsat.fxvocab import flat_example_inputs, target_name
-from optimus_eqsat.fxvocab.global_state import decline_state_changes, state_changes
+from optimus_eqsat.fxvocab.global_state import ambient_autocast, decline_state_changes, state_changes
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
@@ -152,6 +153,9 @@ class OptimizationRun:
         rulesets: Sequence[rewrites.RuleSet] | None = None,
     ):
         self.gm, self.example_inputs = gm, example_inputs
+        # what is translated: ``gm``, with autocast's casts written in when it is in force
+        self.source: torch.fx.GraphModule = gm
+        self.autocast: list[tuple[str, torch.dtype]] = []
         self.session: EGraphSession | None = None  # made by saturate
         self.batches: rewrites.batching.Batches | None = None
         self.options = options or OptimizeOptions()
@@ -176,8 +180,11 @@ class OptimizationRun:
         with phase(report, "translate"):
             decline_data_dependent_sizes(self.gm)
             decline_state_changes(self.gm)
+            self.autocast = ambient_autocast(self.gm)
+            if self.autocast:  # the e-graph's equalities hold for ops autocast leaves alone
+                self.source = with_explicit_casts(self.gm, self.autocast)
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
-            self.translation = t = translate(before_translation(self.gm), self.example_inputs)
+            self.translation = t = translate(before_translation(self.source), self.example_inputs)
         budget.fx_nodes = len(t.nodes)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
         if not t.roots:  # (pieces Dynamo hands over may return only None or constants)
@@ -312,7 +319,7 @@ class OptimizationRun:
             result = self.build(meta=not refine)
         with phase(report, "verify"):
             report.launches_before, report.cost_before = predict(
-                with_regions_inlined(gm), self.example_inputs, self.objective
+                with_regions_inlined(self.source), self.example_inputs, self.objective
             )
             report.launches_after, report.cost_after = predict(result, self.example_inputs, self.objective)
         if refine:
@@ -329,6 +336,9 @@ class OptimizationRun:
         misplaced = [] if reason else state_changes(result)  # (the original had none: see saturate)
         if misplaced:
             reason = f"the rebuilt graph changes what a grad-mode or autocast region computes ({misplaced[0]})"
+        cast = [] if reason or not self.autocast else autocast_casts_in(result, self.autocast)
+        if cast:
+            reason = f"autocast would cast an op of the rebuilt graph ({cast[0]}), changing its precision"
         if reason:
             report.fall_back(f"{reason}; kept the original")
             log.info("optimus_eqsat: %s", report.fallback_reason)

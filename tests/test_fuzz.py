@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import operator
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -574,6 +575,79 @@ def test_post_grad_pass_under_autocast_keeps_eagers_dtypes(seed: int) -> None:
     except Exception as e:  # attach the program to any failure
         raise AssertionError(_explain(flavour, seed, g)) from e
     assert any(not r.fell_back and r.changed for _, r in optimizer.reports), "the pass rewrote nothing"
+
+
+def check_dynamo_graph_under_autocast(g: GeneratedGraph) -> fx.GraphModule:
+    """``g``'s Dynamo graph optimized under bf16 autocast, against it run eagerly under it: every
+    output and gradient of eager's dtype; outputs and the state after the step within bf16's
+    rounding (the loose bound of :func:`check_post_grad_under_autocast`); the gradients together
+    within 10% of their norm. (One at a time they are not comparable in bf16: a value next to a
+    relu's kink that rounds the other way in another kernel flips its mask, and a gradient summed
+    over a broadcast output moves by the whole sum. That rewrites keep gradients exactly is the
+    float32 fuzz's to check.) Returns the result."""
+    initial = {name: b.detach().clone() for name, b in g.gm.named_buffers()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = optimize_graph(copy.deepcopy(g.gm), g.example_inputs, **_fuzz_options())
+        runs, upstream = [], None
+        for program in (g.gm, result):
+            _reset_buffers([g.gm, result], initial)
+            outs, grads, state, upstream = _run(program, g.example_inputs, {}, upstream, g.state_inputs, list(initial))
+            runs.append((outs, grads, state))
+    _reset_buffers([g.gm, result], initial)
+    (want, want_grads, want_state), (got, got_grads, got_state) = runs
+    assert [a.dtype for a in got] == [e.dtype for e in want], "output dtypes differ from eager's"
+    for i, (a, e) in enumerate([*zip(got, want), *zip(got_state, want_state)]):
+        scale = max(1.0, e.float().abs().max().item())
+        torch.testing.assert_close(a.float(), e.float(), rtol=0.05, atol=0.05 * scale, msg=f"value {i}")
+    pairs = [(a, e) for a, e in zip(got_grads, want_grads) if a is not None or e is not None]
+    assert all(a is not None and e is not None and a.dtype == e.dtype for a, e in pairs), "gradients differ in kind"
+    if pairs:
+        diff = torch.cat([(a.float() - e.float()).flatten() for a, e in pairs]).norm()
+        size = torch.cat([e.float().flatten() for _, e in pairs]).norm()
+        assert diff <= 0.1 * size + 1e-3, f"gradients {diff:.3g} apart, of norm {size:.3g}"
+    return result
+
+
+@pytest.mark.skipif(optimize_graph is None, reason="optimus_eqsat.optimize_graph not available yet")
+@pytest.mark.parametrize("seed", range(AUTOCAST_SEEDS))
+def test_dynamo_graph_under_autocast_keeps_eagers_dtypes(seed: int) -> None:
+    """Under autocast around the call, Dynamo's graph is optimized with autocast's casts written
+    in as ops: a rewrite can then change no op's precision (optimus_eqsat/autocast_casts.py).
+    Training graphs carry batch norms and dropouts (p=0), no checkpoint regions (declined
+    under autocast: their bodies are not written out)."""
+    g = random_graph(seed, n_ops=_n_ops(seed), opaque=False, inplace=False, train=seed % 2 == 1, dynamo=True)
+    try:
+        result = check_dynamo_graph_under_autocast(g)
+    except Exception as e:  # attach the program to any failure
+        raise AssertionError(_explain("dynamo under autocast", seed, g)) from e
+    assert not result.meta["optimus_eqsat"].fell_back
+
+
+def test_the_dynamo_autocast_check_catches_an_optimizer_that_loses_autocasts_casts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The harness itself: a program that computes the graph's ops in float32 (autocast's casts
+    dropped, as a rebuilt matmul-and-add of a float32 bias did) is caught."""
+
+    def in_float32(gm: fx.GraphModule, example_inputs: Any, **options: Any) -> fx.GraphModule:
+        copy_ = copy.deepcopy(gm)
+
+        def forward(*args: Any) -> Any:
+            with torch.autocast("cpu", enabled=False):
+                return gm.forward(*args)
+
+        copy_.forward = forward  # type: ignore[method-assign]
+        return copy_
+
+    monkeypatch.setattr(sys.modules[__name__], "optimize_graph", in_float32)
+    caught = 0
+    for seed in range(4):
+        g = random_graph(seed, n_ops=_n_ops(seed), opaque=False, inplace=False, dynamo=True)
+        try:
+            check_dynamo_graph_under_autocast(g)
+        except AssertionError:
+            caught += 1
+    assert caught >= 2
 
 
 def test_the_autocast_check_catches_a_pass_that_changes_a_dtype() -> None:

@@ -196,8 +196,8 @@ def _body(root: torch.fx.GraphModule, arg: Any) -> torch.fx.GraphModule | None:
     return body if isinstance(body, torch.fx.GraphModule) else None
 
 
-def ambient_autocast(gm: torch.fx.GraphModule) -> list[str]:
-    """The autocast states in force (``"cpu bfloat16"``) that decide, when ``gm`` runs, the
+def ambient_autocast(gm: torch.fx.GraphModule) -> list[tuple[str, torch.dtype]]:
+    """The autocast states in force, ``(device, dtype)`` each, that decide when ``gm`` runs the
     precision of its torch-level ops (a linear, a ``call_method``): for the devices of its
     tensors (every device when their meta does not say). An aten graph's ops are not cast when
     they run (AOTAutograd wrote the casts into it), so it has none."""
@@ -209,7 +209,7 @@ def ambient_autocast(gm: torch.fx.GraphModule) -> list[str]:
         if node.op in ("placeholder", "get_attr") and isinstance(value := _input_value(gm, node), torch.Tensor)
     }
     return [
-        f"{device} {str(dtype).removeprefix('torch.')}"
+        (device, dtype)
         for device, enabled, dtype in _State.current().autocast
         if enabled and (not devices or device in devices)
     ]
@@ -229,20 +229,11 @@ def _cast_when_run(node: torch.fx.Node) -> bool:
 
 def decline_state_changes(gm: torch.fx.GraphModule) -> None:
     """Raise :class:`DeclinedGraph` when a region of ``gm`` runs under another grad mode or
-    autocast state than the rest (see the module docstring), or when autocast is in force for
-    the whole graph: it casts an op by what the op is (a linear's bias add is in bfloat16, a
-    batched linear's separate add of a float32 bias is not), so a rewrite would change the
-    precision and dtype of what the graph computes."""
+    autocast state than the rest (see the module docstring). (Autocast in force for the whole
+    graph is written into it as casts instead: ``optimus_eqsat.autocast_casts``.)"""
     changes = state_changes(gm)
     if changes:
         raise DeclinedGraph(
             f"grad-mode or autocast regions in the graph ({'; '.join(changes[:4])}): ops on both sides "
             "of them cannot be batched or moved; left as it is"
-        )
-    ambient = ambient_autocast(gm)
-    if ambient:
-        raise DeclinedGraph(
-            f"autocast in force ({', '.join(ambient)}): it decides the precision of each op as it runs, "
-            "which rewriting the ops would change; left as it is (the aten graphs, with their casts, "
-            "are optimized)"
         )

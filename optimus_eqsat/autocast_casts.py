@@ -1,0 +1,231 @@
+"""Autocast's casts written into a torch-level graph, so the graph can be rewritten.
+
+Under ``torch.autocast`` in force around a compiled model, each torch-level op of Dynamo's
+graph is cast by what it is as it runs: a linear casts its input, weight and bias to bfloat16,
+a ``cat`` of a bfloat16 and a float32 tensor casts the first to float32, an add casts nothing.
+The e-graph knows none of this: its equalities hold for ops that compute in the dtypes of
+their inputs, so a rewrite can change what precision a value is computed in (a batched linear
+built as a matmul plus a separate add of a float32 bias promotes to float32 where the linear
+gave bfloat16).
+
+:func:`with_explicit_casts` makes each of those casts a node of its own (``x.to(dtype)``,
+the ``_to_copy`` autocast would make) in front of the op that makes it. After that no op of the
+graph is cast when it runs (autocast leaves an op alone whose inputs already have the dtype it
+wants), so the graph computes under autocast exactly what it computes without, and the
+e-graph's equalities hold for it. Whether autocast would cast something is not read off a
+table of its op lists (they differ by device and release): each op is run once on fake
+tensors under the autocast in force and once without, and the ``_to_copy`` calls of its
+inputs that only the first makes are the casts. :func:`autocast_casts_in` asks the same of a
+rebuilt graph: a rewrite that introduced an op autocast would cast (a ``sum`` on CUDA under
+float16) shows there, and the optimizer keeps the original.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from optimus_eqsat.fx_graphs import copy_module
+from optimus_eqsat.fxvocab import fetch_attr, meta_value
+from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
+
+__all__ = ["autocast_casts_in", "with_explicit_casts"]
+
+#: (device type, dtype) of each autocast in force
+AutocastStates = Sequence[tuple[str, torch.dtype]]
+
+
+class _CastRecorder(TorchDispatchMode):
+    """Records every ``_to_copy`` to another dtype: (id of the tensor cast, dtype)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts: list[tuple[int, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") is not None:
+            self.casts.append((id(args[0]), kwargs["dtype"]))
+        return func(*args, **kwargs)
+
+
+class _Simulator:
+    """Runs a graph's nodes in order on static fake tensors (the inputs' from their meta, every
+    other value its own op's result under autocast, so a graph whose meta was made without
+    autocast is still read right), and tells for each op what autocast casts."""
+
+    def __init__(self, root: torch.fx.GraphModule, states: AutocastStates):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.root, self.states = root, states
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.values: dict[torch.fx.Node, Any] = {}
+
+    def casts(self) -> Iterator[tuple[torch.fx.Node, dict[torch.fx.Node, torch.dtype]]]:
+        """Every op of the graph, in order, with the input nodes autocast casts when it runs
+        (and the dtype each is cast to). Raises :class:`_Unknown` where it cannot tell."""
+        for node in list(self.root.graph.nodes):
+            if node.op == "placeholder":
+                value = meta_value(node)
+                if value is None:
+                    raise _Unknown(f"input {node.name} has no value in the graph's meta")
+                self.values[node] = self._fake(value)
+            elif node.op == "get_attr":
+                self.values[node] = self._fake(fetch_attr(self.root, str(node.target)))
+            elif node.op == "call_module":
+                raise _Unknown(f"{node.name} calls a module")
+            elif node.op in ("call_function", "call_method"):
+                yield node, self._node_casts(node)
+
+    def _fake(self, value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._fake(v) for v in value)
+        if not isinstance(value, torch.Tensor):
+            return value
+        if not all(isinstance(s, int) for s in (*value.shape, *value.stride())):
+            raise _Unknown("a symbolic size")
+        with self.mode:
+            return torch.empty_strided(
+                tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device=value.device
+            )
+
+    def _node_casts(self, node: torch.fx.Node) -> dict[torch.fx.Node, torch.dtype]:
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.values.__getitem__)
+        try:  # the casts the op makes of itself (a ``to``), which autocast's are not
+            plain, off = self._run(node, args, kwargs, autocast=False)
+        except _Unknown:  # (an op autocast makes run: a linear of a bf16 input and float32 weight)
+            plain, off = _FAILED, []
+        self.values[node], on = self._run(node, args, kwargs, autocast=True)
+        made = [cast for cast in on if cast not in off]
+        by_id = {id(self.values[n]): n for n in node.all_input_nodes}
+        casts: dict[torch.fx.Node, torch.dtype] = {}
+        for tensor, dtype in made:
+            if tensor not in by_id:
+                raise _Unknown(f"{node.name} casts a value of its own to {dtype}")
+            if casts.setdefault(by_id[tensor], dtype) != dtype:
+                raise _Unknown(f"{node.name} casts {by_id[tensor].name} to two dtypes")
+        promoted = plain is not _FAILED and _dtypes(plain) == _dtypes(self.values[node])
+        if promoted and all(_widens(self.values[n].dtype, dtype) for n, dtype in casts.items()):
+            return {}  # (autocast's "promote": the type promotion the op makes anyway, written out)
+        return casts
+
+    def _run(self, node: torch.fx.Node, args: Any, kwargs: Any, autocast: bool) -> tuple[Any, list]:
+        """(what ``node`` returns, the casts it makes) with autocast on or off."""
+        recorder = _CastRecorder()
+        contexts = [torch.autocast(d, dtype, enabled=autocast, cache_enabled=False) for d, dtype in self.states]
+        try:
+            with self.mode, _all(contexts), recorder:
+                if node.op == "call_method":
+                    result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+                else:
+                    result = node.target(*args, **kwargs)  # type: ignore[operator]
+        except Exception as exc:
+            raise _Unknown(f"{node.name} does not run on fake tensors ({type(exc).__name__})") from exc
+        return result, recorder.casts
+
+
+_FAILED = object()
+
+
+def _widens(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether a cast from ``source`` to ``target`` is exact (a float to a wider float)."""
+    return source.is_floating_point and target.is_floating_point and target.itemsize > source.itemsize
+
+
+class _Unknown(Exception):
+    """What autocast does to a node cannot be told: the message says why."""
+
+
+class _all:
+    """Enters several context managers in order (``contextlib.ExitStack`` for a fixed list)."""
+
+    def __init__(self, contexts: list[Any]):
+        self.contexts = contexts
+
+    def __enter__(self) -> None:
+        for c in self.contexts:
+            c.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for c in reversed(self.contexts):
+            c.__exit__(*exc)
+
+
+def _with_bodies(gm: torch.fx.GraphModule) -> str | None:
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            return node.name
+    return None
+
+
+def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that computes without autocast what ``gm`` computes under the autocast
+    ``states``, and the same under them: each cast autocast makes is a ``to`` node of its own.
+
+    Raises :class:`DeclinedGraph` when what autocast does cannot be told for every op (a module
+    call, an op that does not run on fake tensors, a symbolic size, a higher-order op whose
+    body would run under autocast), or when the copy is still cast somewhere.
+    """
+    body = _with_bodies(gm)
+    if body is not None:
+        raise DeclinedGraph(f"autocast in force and a higher-order op ({body}): left as it is")
+    result = copy_module(gm)
+    simulator = _Simulator(result, states)
+    try:
+        for node, casts in simulator.casts():
+            for source, dtype in casts.items():
+                _cast_before(result.graph, node, source, dtype)
+    except _Unknown as exc:
+        raise DeclinedGraph(f"autocast in force, and what it casts cannot be told: {exc}; left as it is") from exc
+    result.recompile()
+    left = autocast_casts_in(result, states)
+    if left:
+        raise DeclinedGraph(f"autocast in force, and its casts could not all be written out ({left[0]}); left as it is")
+    if any(_dtypes(meta_value(n)) != _dtypes(v) for n, v in simulator.values.items()):
+        # meta made without this autocast (a graph traced before it was entered): the
+        # e-graph reads dtypes off it, so it must say what runs (the copy runs alike either way)
+        from optimus_eqsat.rebuild import propagate_meta
+
+        if not propagate_meta(result):
+            raise DeclinedGraph("autocast in force, and the graph's meta, made without it, cannot be made anew")
+    return result
+
+
+def _dtypes(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_dtypes(v) for v in value)
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def autocast_casts_in(gm: torch.fx.GraphModule, states: AutocastStates) -> list[str]:
+    """The casts autocast ``states`` would make when ``gm`` runs, ``"node: input -> dtype"``
+    each (empty: ``gm`` computes the same with autocast as without); a graph it cannot tell
+    about gives the reason."""
+    try:
+        return [
+            f"{node.name}: {source.name} -> {dtype}"
+            for node, casts in _Simulator(gm, states).casts()
+            for source, dtype in casts.items()
+        ]
+    except _Unknown as exc:
+        return [str(exc)]
+
+
+def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, source: torch.fx.Node, dtype: torch.dtype) -> None:
+    """``node`` reads ``source`` cast to ``dtype`` (a new node just before it) where it read
+    ``source``."""
+    with graph.inserting_before(node):
+        cast = graph.call_method("to", (source, dtype))
+    value = meta_value(source)
+    mode = getattr(value, "fake_mode", None)  # (the value's own: a tracing context may hold another)
+    if mode is not None:
+        with mode:
+            value = value.to(dtype)
+        for key in ("val", "example_value"):
+            if key in source.meta:
+                cast.meta[key] = value
+    node.replace_input_with(source, cast)

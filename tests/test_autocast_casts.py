@@ -1,0 +1,149 @@
+"""Autocast's casts written into a torch-level graph (optimus_eqsat/autocast_casts.py): the
+copy computes without autocast what the graph computes under it, and a rebuilt graph that
+autocast would still cast is not kept."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import optimus_eqsat.api
+from optimus_eqsat import optimize_graph
+from optimus_eqsat.autocast_casts import autocast_casts_in, with_explicit_casts
+from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
+
+BF16 = [("cpu", torch.bfloat16)]
+
+
+class Mixed(nn.Module):
+    """A linear (autocast casts its input, weight and bias to bf16), a cat of its bf16 output
+    with a float32 input (autocast casts the first up), a layer norm and an add (cast nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 6)
+        self.norm = nn.LayerNorm(10)
+
+    def forward(self, x, y):
+        return self.norm(torch.cat([self.linear(x), y], 1)) + y.sum()
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(5, 8, generator=g), torch.randn(5, 4, generator=g)
+
+
+def _dynamo_graph(model, inputs, autocast: bool):
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        torch.compile(model, backend=capture, fullgraph=True)(*inputs)
+    torch._dynamo.reset()
+    return captured[0]
+
+
+def _parameters(model):
+    return [p.detach() for p in model.parameters()]
+
+
+def _run(gm, model, inputs, autocast: bool):
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        return gm(*_parameters(model)[:2], *inputs, *_parameters(model)[2:])[0]
+
+
+def _placeholder_order(gm):
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def test_the_copy_computes_without_autocast_what_the_graph_computes_under_it():
+    torch.manual_seed(0)
+    model, inputs = Mixed(), _inputs()
+    gm = _dynamo_graph(model, inputs, autocast=True)
+    assert "linear" in _placeholder_order(gm)[0]  # (the weights come first: see _run)
+    found = autocast_casts_in(gm, BF16)
+    # the linear's three inputs (not the cat's bf16 member: cat promotes it to float32 alike)
+    assert len(found) == 3, found
+    explicit = with_explicit_casts(gm, BF16)
+    casts = [n for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]
+    assert [str(n.args[1]) for n in casts] == ["torch.bfloat16"] * 3
+    assert autocast_casts_in(explicit, BF16) == []
+    want = _run(gm, model, inputs, autocast=True)
+    for autocast in (False, True):
+        got = _run(explicit, model, inputs, autocast=autocast)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert autocast_casts_in(gm, BF16) == found  # (the graph itself is left as it was)
+
+
+def test_meta_made_without_autocast_does_not_hide_a_cast():
+    """A graph traced with autocast off says the linear gives float32; under autocast it gives
+    bf16, and the cat casts it back up. The casts are read off the graph run under autocast."""
+    torch.manual_seed(0)
+    model, inputs = Mixed(), _inputs()
+    gm = _dynamo_graph(model, inputs, autocast=False)
+    explicit = with_explicit_casts(gm, BF16)
+    assert len([n for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]) == 3
+    want = _run(gm, model, inputs, autocast=True)
+    got = _run(explicit, model, inputs, autocast=False)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_graph_whose_casts_cannot_be_told_is_declined():
+    class Leaf(nn.Module):
+        def forward(self, x):
+            return F.linear(x, torch.ones(3, x.shape[1]))
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.leaf = Leaf()
+
+        def forward(self, x):
+            return self.leaf(x)
+
+    class KeepLeaf(torch.fx.Tracer):
+        def is_leaf_module(self, m, qualname):
+            return isinstance(m, Leaf) or super().is_leaf_module(m, qualname)
+
+    outer = Outer()
+    gm = torch.fx.GraphModule(outer, KeepLeaf().trace(outer))
+    next(n for n in gm.graph.nodes if n.op == "placeholder").meta["val"] = torch.randn(2, 4)
+    try:
+        with_explicit_casts(gm, BF16)
+    except DeclinedGraph as exc:
+        assert "calls a module" in str(exc)
+    else:
+        raise AssertionError("a module call was not declined")
+
+
+def test_a_rebuilt_op_that_autocast_would_cast_sends_the_optimizer_back_to_the_original(monkeypatch):
+    """A rewrite that brought in an op autocast casts (a float32 matmul) would change what
+    precision a value is computed in: the original is kept, and the report says why."""
+    rebuild = optimus_eqsat.api.rebuild
+
+    def with_a_float32_matmul(*args, **kwargs):
+        result = rebuild(*args, **kwargs)
+        graph = result.graph
+        x = next(n for n in graph.nodes if n.op == "placeholder" and n.meta["example_value"].dtype == torch.float32)
+        output = next(n for n in graph.nodes if n.op == "output")
+        with graph.inserting_before(output):
+            graph.call_function(torch.mm, (x, graph.call_method("t", (x,))))
+        result.recompile()
+        return result
+
+    monkeypatch.setattr(optimus_eqsat.api, "rebuild", with_a_float32_matmul)
+    torch.manual_seed(0)
+    experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+    model = nn.Module()
+    model.experts = experts
+    model.forward = lambda x: sum(torch.relu(e(x)) for e in experts)
+    x = torch.randn(6, 8)
+    gm = _dynamo_graph(model, (x,), autocast=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        report = optimize_graph(gm, mode="training", refine_batches=False).meta["optimus_eqsat"]
+    assert report.fell_back and "autocast would cast an op of the rebuilt graph" in report.fallback_reason
