@@ -102,6 +102,10 @@ def builders(source: str) -> dict[str, Callable[[int], Case]]:
     }
 
 
+#: ``--autocast`` names
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, None: torch.bfloat16}
+
+
 def count_launches(build: Callable[[int], Case], config: str, batch: int) -> tuple[int, int]:
     """(kernels of one training step under ``config``, nodes our passes gave a batched alternative in
     the e-graph, whether extraction kept it or not: 0 for Inductor's)."""
@@ -209,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(TIMED_MODELS),
         help="the models whose step time is measured ('all': every model counted)",
     )
+    parser.add_argument(
+        "--autocast",
+        choices=("bf16", "fp16"),
+        help="count and time every model under torch.autocast('cpu', dtype) around the call",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-rounds", type=int, default=15)
     parser.add_argument("--max-timing-s", type=float, default=40.0, help="no round starts after this, per case")
@@ -236,20 +245,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} thread(s), default backend (measured choice on) against Inductor, interleaved rounds; "
         "ratio = median of per-round ratios [p10, p90]."
     )
+    if args.autocast:
+        note += f" Everything under `torch.autocast('cpu', dtype={AUTOCAST_DTYPES[args.autocast]})` around the call."
     for name in names:
         row: dict[str, Any] = {"model": name}
         rows.append(row)
+        autocast = torch.autocast("cpu", dtype=AUTOCAST_DTYPES[args.autocast], enabled=bool(args.autocast))
         try:
-            for config in COUNTS:
-                start = time.perf_counter()
-                row[config], batched = count_launches(cases[name], config, args.count_batch)
-                if config == "ours":
-                    row["batches"] = batched
-                print(f"{name} {config}: {row[config]} launches ({time.perf_counter() - start:.0f} s)", flush=True)
-            for batch in batches if args.time_models == "all" or name in args.time_models.split(",") else []:
-                timed = time_step(cases[name], batch, True, plan)
-                row.update({f"b{batch}_{k}": v for k, v in timed.items()})
-                print(f"{name} b{batch}: " + ", ".join(f"{k} {v:.3g}" for k, v in timed.items()), flush=True)
+            with autocast:
+                for config in COUNTS:
+                    start = time.perf_counter()
+                    row[config], batched = count_launches(cases[name], config, args.count_batch)
+                    if config == "ours":
+                        row["batches"] = batched
+                    seconds = time.perf_counter() - start
+                    print(f"{name} {config}: {row[config]} launches ({seconds:.0f} s)", flush=True)
+                for batch in batches if args.time_models == "all" or name in args.time_models.split(",") else []:
+                    timed = time_step(cases[name], batch, True, plan)
+                    row.update({f"b{batch}_{k}": v for k, v in timed.items()})
+                    print(f"{name} b{batch}: " + ", ".join(f"{k} {v:.3g}" for k, v in timed.items()), flush=True)
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end of the run
             row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             print(f"{name}: {row['error']}", flush=True)
