@@ -44,7 +44,8 @@ unbiased variance), and their ``num_batches_tracked += 1`` one ``torch._foreach_
 Inductor runs each as one kernel, wherever the optimizer computes the statistics.
 Norms of inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static
 sizes, a constant momentum and eps, and statistics and affine parameters of the input's
-dtype are decomposed when another norm of the same input shape could batch with them
+dtype (or float32 ones of a bf16 or float16 input, as autocast leaves a norm: then computed in
+float32 and cast back, as eager's kernel computes) are decomposed when another norm of the same input shape could batch with them
 (alone, Inductor's own norm has the cheaper backward).
 """
 
@@ -99,14 +100,25 @@ def _training_decomposable(node: torch.fx.Node) -> dict[str, Any] | None:
     stats = (args["running_mean"], args["running_var"])
     if (stats[0] is None) != (stats[1] is None):
         return None
-    for name in ("running_mean", "running_var", "weight", "bias"):
-        value = args[name]
-        if value is None:
-            continue
-        stat = _shape_dtype(value) if isinstance(value, torch.fx.Node) else None
-        if stat != ((shape[1],), dtype):
-            return None
+    found = {
+        _shape_dtype(value) if isinstance(value, torch.fx.Node) else None
+        for name in ("running_mean", "running_var", "weight", "bias")
+        if (value := args[name]) is not None
+    }
+    # one channel each, in the input's dtype, or float32 for a bf16/fp16 input (autocast's mix)
+    mixed = dtype in (torch.bfloat16, torch.float16) and found <= {((shape[1],), torch.float32)}
+    if not (found <= {((shape[1],), dtype)} or mixed):
+        return None
     return args
+
+
+def _statistics_dtype(node: torch.fx.Node, args: dict[str, Any]) -> torch.dtype:
+    """The dtype a training norm computes its statistics in: its parameters' (float32 for a
+    bf16 input under autocast, as eager's kernel computes), else its input's."""
+    for name in ("running_mean", "running_var", "weight", "bias"):
+        if isinstance(args[name], torch.fx.Node):
+            return cast("tuple[tuple, torch.dtype]", _shape_dtype(args[name]))[1]
+    return cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[1]
 
 
 def _batchable_training_norms(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
@@ -206,7 +218,7 @@ def _decomposed(gm: torch.fx.GraphModule, copy: bool) -> torch.fx.GraphModule:
             key = (  # (a batchable norm's shape and dtype are known)
                 float(args["momentum"]),
                 _per_channel_count(cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[0]),
-                cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[1],
+                _statistics_dtype(node, args),
             )
             batch_stats = _decompose_training_batch_norm(out.graph, node, args)
             if batch_stats is None:
@@ -342,7 +354,8 @@ def _decompose_training_batch_norm(
     statistics it leaves to the caller: the batch's (mean, biased variance) per channel,
     outside autograd (None without running statistics)."""
     x = args["input"]
-    shape = cast("tuple[tuple, torch.dtype]", _shape_dtype(node))[0]  # (_training_decomposable: known)
+    shape, dtype = cast("tuple[tuple, torch.dtype]", _shape_dtype(node))  # (_training_decomposable: known)
+    compute = _statistics_dtype(node, args)
     channels = shape[1]
     dims = [0, *range(2, len(shape))]
     stat_shape = (1, channels, *[1] * (len(shape) - 2))
@@ -353,6 +366,8 @@ def _decompose_training_batch_norm(
         return _computed(new)
 
     with graph.inserting_before(node):
+        if compute != dtype:  # (a bf16 input of float32 statistics: computed in float32, as eager does)
+            x = call("to", x, compute, method=True)
         moments = call(torch.var_mean, x, dims, correction=0, keepdim=True)
         var, mean = call(operator.getitem, moments, 0), call(operator.getitem, moments, 1)
         y = call(torch.mul, call(torch.sub, x, mean), call(torch.rsqrt, call(torch.add, var, float(args["eps"]))))
@@ -362,6 +377,8 @@ def _decompose_training_batch_norm(
             if args[name] is not None:
                 param = args[name] if len(shape) == 2 else call("reshape", args[name], stat_shape, method=True)
                 y = call(op, y, param)
+        if compute != dtype:
+            y = call("to", y, dtype, method=True)
         batch_stats = None
         if args["running_mean"] is not None:
             batch_stats = cast(

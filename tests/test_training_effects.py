@@ -156,6 +156,28 @@ def test_experts_with_training_norms_batch_and_train_as_eager(momentum):
     assert report.launches_after < report.launches_before
 
 
+def test_experts_with_training_norms_batch_under_bf16_autocast():
+    """Under autocast a norm gets a bf16 input and float32 statistics and parameters: decomposed,
+    it computes in float32 and casts back, as eager's kernel does, so the norms still batch;
+    output bf16 and statistics eager's, both within bf16's rounding of the linears before them."""
+    torch.manual_seed(0)
+    model = Experts().train()
+    ours = copy.deepcopy(model)
+    x = torch.randn(16, 8)
+    backend = _backend()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(x)
+        got = torch.compile(ours, backend=backend)(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    for (name, a), b in zip(model.named_buffers(), ours.buffers()):
+        assert b.dtype == a.dtype
+        torch.testing.assert_close(b.double(), a.double(), rtol=2e-2, atol=2e-3, msg=name)
+    report = backend.reports[0]
+    assert not report.fell_back, report.fallback_reason
+    assert report.batched.get("batch-reduction", 0) >= 8  # the norms' var_mean, in float32
+
+
 def test_norms_of_sequences_and_shared_statistics_train_as_eager():
     """Rank-3 inputs (batch, channels, length), and one norm module called twice (its
     statistics are not its own alone: updated where it was, in order)."""
