@@ -29,6 +29,7 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from optimus_eqsat.checkpoint_regions import inline_checkpoints, region_tags
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import fetch_attr, meta_value
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
@@ -166,14 +167,17 @@ def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> tor
     """A copy of ``gm`` that computes without autocast what ``gm`` computes under the autocast
     ``states``, and the same under them: each cast autocast makes is a ``to`` node of its own.
 
-    Raises :class:`DeclinedGraph` when what autocast does cannot be told for every op (a module
-    call, an op that does not run on fake tensors, a symbolic size, a higher-order op whose
-    body would run under autocast), or when the copy is still cast somewhere.
+    Checkpointed regions are inlined first (their ops tagged to be recomputed, as
+    :mod:`optimus_eqsat.checkpoint_regions` does for every graph). Raises :class:`DeclinedGraph`
+    when what autocast does cannot be told for every op (a module call, an op that does not run
+    on fake tensors, a symbolic size, another higher-order op whose body would run under
+    autocast), or when the copy is still cast somewhere.
     """
-    body = _with_bodies(gm)
+    result = copy_module(gm)
+    inline_checkpoints(result)  # (the regions' ops, tagged to be recomputed, are the graph's own)
+    body = _with_bodies(result)
     if body is not None:
         raise DeclinedGraph(f"autocast in force and a higher-order op ({body}): left as it is")
-    result = copy_module(gm)
     simulator = _Simulator(result, states)
     try:
         for node, casts in simulator.casts():
@@ -220,6 +224,7 @@ def _cast_before(graph: torch.fx.Graph, node: torch.fx.Node, source: torch.fx.No
     ``source``."""
     with graph.inserting_before(node):
         cast = graph.call_method("to", (source, dtype))
+    cast.meta.update(region_tags(node))  # (recomputed with the op it feeds, in its region)
     value = meta_value(source)
     mode = getattr(value, "fake_mode", None)  # (the value's own: a tracing context may hold another)
     if mode is not None:

@@ -147,3 +147,28 @@ def test_a_rebuilt_op_that_autocast_would_cast_sends_the_optimizer_back_to_the_o
     with torch.autocast("cpu", torch.bfloat16):
         report = optimize_graph(gm, mode="training", refine_batches=False).meta["optimus_eqsat"]
     assert report.fell_back and "autocast would cast an op of the rebuilt graph" in report.fallback_reason
+
+
+def test_checkpointed_regions_are_inlined_and_their_casts_recomputed_with_them():
+    from torch.utils.checkpoint import checkpoint
+
+    from optimus_eqsat.checkpoint_regions import checkpoint_calls
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3))
+
+        def forward(self, x):
+            return sum(checkpoint(e, x, use_reentrant=False) for e in self.experts)
+
+    torch.manual_seed(0)
+    model, x = Checkpointed(), torch.randn(4, 8, requires_grad=True)
+    gm = _dynamo_graph(model, (x,), autocast=True)
+    assert len(checkpoint_calls(gm)) == 3
+    explicit = with_explicit_casts(gm, BF16)
+    assert not checkpoint_calls(explicit)
+    casts = [n for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]
+    assert len(casts) == 9  # each linear's input, weight and bias
+    assert all(n.meta.get("recompute") is not None and "ac_graph_id" in n.meta for n in casts)
+    assert autocast_casts_in(explicit, BF16) == []

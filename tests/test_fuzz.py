@@ -613,9 +613,9 @@ def check_dynamo_graph_under_autocast(g: GeneratedGraph) -> fx.GraphModule:
 def test_dynamo_graph_under_autocast_keeps_eagers_dtypes(seed: int) -> None:
     """Under autocast around the call, Dynamo's graph is optimized with autocast's casts written
     in as ops: a rewrite can then change no op's precision (optimus_eqsat/autocast_casts.py).
-    Training graphs carry batch norms and dropouts (p=0), no checkpoint regions (declined
-    under autocast: their bodies are not written out)."""
-    g = random_graph(seed, n_ops=_n_ops(seed), opaque=False, inplace=False, train=seed % 2 == 1, dynamo=True)
+    Training graphs carry batch norms, dropouts (p=0) and checkpointed regions."""
+    train = seed % 2 == 1
+    g = random_graph(seed, n_ops=_n_ops(seed), opaque=False, inplace=False, train=train, checkpoint=train, dynamo=True)
     try:
         result = check_dynamo_graph_under_autocast(g)
     except Exception as e:  # attach the program to any failure

@@ -178,6 +178,31 @@ def test_experts_with_training_norms_batch_under_bf16_autocast():
     assert report.batched.get("batch-reduction", 0) >= 8  # the norms' var_mean, in float32
 
 
+def test_checkpointed_experts_batch_under_bf16_autocast():
+    """Checkpointed regions are inlined before autocast's casts are written in (the casts tagged
+    with their region): the experts batch under autocast too, outputs and gradients within
+    bf16's rounding of eager's."""
+    torch.manual_seed(0)
+    model = Experts(checkpointed=True).train()
+    ours = copy.deepcopy(model)
+    x = torch.randn(16, 8)
+    backend = _backend()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(x)
+        got = torch.compile(ours, backend=backend)(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    weights = torch.linspace(-1, 1, want.numel()).view_as(want)
+    (want.float() * weights).sum().backward()
+    (got.float() * weights).sum().backward()
+    scale = max(p.grad.abs().max().item() for p in model.parameters())
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=3e-2 * scale, msg=name)
+    report = backend.reports[0]
+    assert not report.fell_back, report.fallback_reason
+    assert report.batched.get("batch-linear", 0) >= 8
+
+
 def test_norms_of_sequences_and_shared_statistics_train_as_eager():
     """Rank-3 inputs (batch, channels, length), and one norm module called twice (its
     statistics are not its own alone: updated where it was, in order)."""
