@@ -22,6 +22,7 @@ float16) shows there, and the optimizer keeps the original.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from optimus_eqsat.checkpoint_regions import inline_checkpoints, region_tags
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import fetch_attr, meta_value
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
+from optimus_eqsat.rebuild import propagate_meta
 
 __all__ = ["autocast_casts_in", "with_explicit_casts"]
 
@@ -117,9 +119,12 @@ class _Simulator:
     def _run(self, node: torch.fx.Node, args: Any, kwargs: Any, autocast: bool) -> tuple[Any, list]:
         """(what ``node`` returns, the casts it makes) with autocast on or off."""
         recorder = _CastRecorder()
-        contexts = [torch.autocast(d, dtype, enabled=autocast, cache_enabled=False) for d, dtype in self.states]
         try:
-            with self.mode, _all(contexts), recorder:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(self.mode)
+                for device, dtype in self.states:
+                    stack.enter_context(torch.autocast(device, dtype, enabled=autocast, cache_enabled=False))
+                stack.enter_context(recorder)
                 if node.op == "call_method":
                     result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
                 else:
@@ -139,21 +144,6 @@ def _widens(source: torch.dtype, target: torch.dtype) -> bool:
 
 class _Unknown(Exception):
     """What autocast does to a node cannot be told: the message says why."""
-
-
-class _all:
-    """Enters several context managers in order (``contextlib.ExitStack`` for a fixed list)."""
-
-    def __init__(self, contexts: list[Any]):
-        self.contexts = contexts
-
-    def __enter__(self) -> None:
-        for c in self.contexts:
-            c.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        for c in reversed(self.contexts):
-            c.__exit__(*exc)
 
 
 def _with_bodies(gm: torch.fx.GraphModule) -> str | None:
@@ -192,8 +182,6 @@ def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> tor
     if any(_dtypes(meta_value(n)) != _dtypes(v) for n, v in simulator.values.items()):
         # meta made without this autocast (a graph traced before it was entered): the
         # e-graph reads dtypes off it, so it must say what runs (the copy runs alike either way)
-        from optimus_eqsat.rebuild import propagate_meta
-
         if not propagate_meta(result):
             raise DeclinedGraph("autocast in force, and the graph's meta, made without it, cannot be made anew")
     return result
