@@ -38,6 +38,7 @@ The issue's targets: launches at most 0.5x Inductor and 0.7x Inductor+Optimus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import sys
 import time
@@ -103,7 +104,7 @@ def builders(source: str) -> dict[str, Callable[[int], Case]]:
 
 
 #: ``--autocast`` names
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, None: torch.bfloat16}
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def count_launches(build: Callable[[int], Case], config: str, batch: int) -> tuple[int, int]:
@@ -250,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         row: dict[str, Any] = {"model": name}
         rows.append(row)
-        autocast = torch.autocast("cpu", dtype=AUTOCAST_DTYPES[args.autocast], enabled=bool(args.autocast))
+        autocast = (
+            torch.autocast("cpu", dtype=AUTOCAST_DTYPES[args.autocast]) if args.autocast else contextlib.nullcontext()
+        )
         try:
             with autocast:
                 for config in COUNTS:

@@ -44,9 +44,9 @@ unbiased variance), and their ``num_batches_tracked += 1`` one ``torch._foreach_
 Inductor runs each as one kernel, wherever the optimizer computes the statistics.
 Norms of inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static
 sizes, a constant momentum and eps, and statistics and affine parameters of the input's
-dtype (or float32 ones of a bf16 or float16 input, as autocast leaves a norm: then computed in
-float32 and cast back, as eager's kernel computes) are decomposed when another norm of the same input shape could batch with them
-(alone, Inductor's own norm has the cheaper backward).
+dtype (or float32 ones of a bf16 or float16 input, as autocast leaves a norm: then computed
+in float32 and cast back, as eager's kernel computes) are decomposed when another norm of the
+same input shape could batch with them (alone, Inductor's own norm has the cheaper backward).
 """
 
 from __future__ import annotations

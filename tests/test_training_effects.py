@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -156,12 +157,12 @@ def test_experts_with_training_norms_batch_and_train_as_eager(momentum):
     assert report.launches_after < report.launches_before
 
 
-def test_experts_with_training_norms_batch_under_bf16_autocast():
-    """Under autocast a norm gets a bf16 input and float32 statistics and parameters: decomposed,
-    it computes in float32 and casts back, as eager's kernel does, so the norms still batch;
-    output bf16 and statistics eager's, both within bf16's rounding of the linears before them."""
+def _run_under_bf16_autocast(make: Callable[[], nn.Module]) -> tuple:
+    """(the model ``make`` builds, seeded, in training; its compiled copy; eager's output; ours;
+    our backend) of one call under bf16 autocast; the outputs checked bf16 and within bf16's
+    rounding of each other."""
     torch.manual_seed(0)
-    model = Experts().train()
+    model = make().train()
     ours = copy.deepcopy(model)
     x = torch.randn(16, 8)
     backend = _backend()
@@ -170,6 +171,14 @@ def test_experts_with_training_norms_batch_under_bf16_autocast():
         got = torch.compile(ours, backend=backend)(x)
     assert got.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    return model, ours, want, got, backend
+
+
+def test_experts_with_training_norms_batch_under_bf16_autocast():
+    """Under autocast a norm gets a bf16 input and float32 statistics and parameters: decomposed,
+    it computes in float32 and casts back, as eager's kernel does, so the norms still batch;
+    output bf16 and statistics eager's, both within bf16's rounding of the linears before them."""
+    model, ours, want, got, backend = _run_under_bf16_autocast(Experts)
     for (name, a), b in zip(model.named_buffers(), ours.buffers()):
         assert b.dtype == a.dtype
         torch.testing.assert_close(b.double(), a.double(), rtol=2e-2, atol=2e-3, msg=name)
@@ -182,16 +191,7 @@ def test_checkpointed_experts_batch_under_bf16_autocast():
     """Checkpointed regions are inlined before autocast's casts are written in (the casts tagged
     with their region): the experts batch under autocast too, outputs and gradients within
     bf16's rounding of eager's."""
-    torch.manual_seed(0)
-    model = Experts(checkpointed=True).train()
-    ours = copy.deepcopy(model)
-    x = torch.randn(16, 8)
-    backend = _backend()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = model(x)
-        got = torch.compile(ours, backend=backend)(x)
-    assert got.dtype == want.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    model, ours, want, got, backend = _run_under_bf16_autocast(lambda: Experts(checkpointed=True))
     weights = torch.linspace(-1, 1, want.numel()).view_as(want)
     (want.float() * weights).sum().backward()
     (got.float() * weights).sum().backward()

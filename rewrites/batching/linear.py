@@ -21,6 +21,9 @@ from optimus_eqsat.rewrites.batching.views import zero_padded
 from optimus_eqsat.term import Binary, Cat, Id, Op2, Op3, Permute, Reshape, Slice, Term, Union, cons_list
 from optimus_eqsat.translate import Translation
 
+#: dtypes whose rounding between a product and its bias add shows
+LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
+
 
 def is_2d_linear(t: Translation, c: Candidate) -> bool:
     """A linear (with or without bias) of a 2-D weight, all shapes known."""
@@ -36,23 +39,24 @@ def stacked_linear(b: BatchBuilder, group: list[Candidate], stacked_x: Id, stack
     if c0.key == LINEAR_B and t.dtypes.get(c0.node) in LOW_PRECISION:
         # The bias inside the matmul, as the linear has it: a bf16 product rounded before a
         # separate bias add is rounded twice (3-4x eager's gradient error was seen under autocast)
-        stacked_b, _ = b.stack([c.operands[2] for c in group], 2)  # [n, 1, N]
+        stacked_b = _stacked_biases(b, group)
         baddbmm = t.registry.add_named(
             "baddbmm", OpSpec("call_function", torch.baddbmm, (Slot(0), Slot(1), Slot(2)), (), MATMUL)
         )
-        b.unstack(b.new(Op3(baddbmm, stacked_b, stacked_x, w_t), (n, m, n_out)), [c.node for c in group])
-        return
-    mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
-    y = b.new(Op2(mm, stacked_x, w_t), (n, m, n_out))
-    if c0.key == LINEAR_B:
-        stacked_b, _ = b.stack([c.operands[2] for c in group], 2)  # [n, 1, N]
-        add = t.registry.add_named("add", OpSpec("call_function", torch.add, (Slot(0), Slot(1)), (), POINTWISE))
-        y = b.new(Binary(add, y, stacked_b), (n, m, n_out))
+        y = b.new(Op3(baddbmm, stacked_b, stacked_x, w_t), (n, m, n_out))
+    else:
+        mm = t.registry.add_named("matmul", OpSpec("call_function", torch.matmul, (Slot(0), Slot(1)), (), MATMUL))
+        y = b.new(Op2(mm, stacked_x, w_t), (n, m, n_out))
+        if c0.key == LINEAR_B:
+            stacked_b = _stacked_biases(b, group)
+            add = t.registry.add_named("add", OpSpec("call_function", torch.add, (Slot(0), Slot(1)), (), POINTWISE))
+            y = b.new(Binary(add, y, stacked_b), (n, m, n_out))
     b.unstack(y, [c.node for c in group])
 
 
-#: dtypes whose rounding between a product and its bias add shows
-LOW_PRECISION = frozenset({torch.bfloat16, torch.float16})
+def _stacked_biases(b: BatchBuilder, group: list[Candidate]) -> Id:
+    """The group's biases stacked: [n, 1, N]."""
+    return b.stack([c.operands[2] for c in group], 2)[0]
 
 
 @register
