@@ -154,6 +154,7 @@ class OptimizationRun:
     ):
         self.gm, self.example_inputs = gm, example_inputs
         # what is translated: ``gm``, with autocast's casts written in when it is in force
+        # or the graph has autocast regions
         self.source: torch.fx.GraphModule = gm
         self.autocast: list[tuple[str, torch.dtype]] = []
         self.session: EGraphSession | None = None  # made by saturate
@@ -179,9 +180,10 @@ class OptimizationRun:
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
             decline_data_dependent_sizes(self.gm)
-            decline_state_changes(self.gm)
+            decline_state_changes(self.gm, autocast=False)
             self.autocast = ambient_autocast(self.gm)
-            if self.autocast:  # the e-graph's equalities hold for ops autocast leaves alone
+            if self.autocast or state_changes(self.gm, grad=False):
+                # the e-graph's equalities hold for ops autocast leaves alone
                 self.source = with_explicit_casts(self.gm, self.autocast)
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
             self.translation = t = translate(before_translation(self.source), self.example_inputs)

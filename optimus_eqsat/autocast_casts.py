@@ -18,6 +18,13 @@ tensors under the autocast in force and once without, and the ``_to_copy`` calls
 inputs that only the first makes are the casts. :func:`autocast_casts_in` asks the same of a
 rebuilt graph: a rewrite that introduced an op autocast would cast (a ``sum`` on CUDA under
 float16) shows there, and the optimizer keeps the original.
+
+A region of the graph under its own autocast state (``with torch.autocast(...)`` inside a
+compiled training step, Dynamo's ``_enter_autocast`` ... ``_exit_autocast`` nodes) is read the
+same way, each op under the state of the region it sits in; its casts written out, the region
+changes nothing and is dropped, so its ops batch with one another (and with the graph's other
+ops of the same dtypes). A region that turns autocast off inside autocast in force cannot be
+dropped (its float32 ops would be cast then): such a graph is declined.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from optimus_eqsat.checkpoint_regions import inline_checkpoints, region_tags
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import fetch_attr, meta_value
+from optimus_eqsat.fxvocab.names import target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.rebuild import propagate_meta
 
@@ -56,23 +64,48 @@ class _CastRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+_ENTER, _EXIT = "_enter_autocast", "_exit_autocast"
+
+
+def _is_switch(node: torch.fx.Node, *names: str) -> bool:
+    return node.op == "call_function" and target_name(node.target) in names
+
+
 class _Simulator:
     """Runs a graph's nodes in order on static fake tensors (the inputs' from their meta, every
     other value its own op's result under autocast, so a graph whose meta was made without
-    autocast is still read right), and tells for each op what autocast casts."""
+    autocast is still read right), and tells for each op what autocast casts: the autocast in
+    force around the graph, or the one of the graph's own region the op sits in (between an
+    ``_enter_autocast`` node and its ``_exit_autocast``)."""
 
     def __init__(self, root: torch.fx.GraphModule, states: AutocastStates):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        self.root, self.states = root, states
+        self.root = root
+        self.state: dict[str, torch.dtype | None] = dict(states)  # device -> dtype (None: off)
+        self.devices = set(self.state) | {
+            str(_arg(node, 0, "device_type", "cuda")) for node in root.graph.nodes if _is_switch(node, _ENTER)
+        }
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.values: dict[torch.fx.Node, Any] = {}
 
     def casts(self) -> Iterator[tuple[torch.fx.Node, dict[torch.fx.Node, torch.dtype]]]:
         """Every op of the graph, in order, with the input nodes autocast casts when it runs
         (and the dtype each is cast to). Raises :class:`_Unknown` where it cannot tell."""
+        outer: list[dict[str, torch.dtype | None]] = []  # the states the open regions replaced
         for node in list(self.root.graph.nodes):
-            if node.op == "placeholder":
+            if _is_switch(node, _ENTER):
+                outer.append(dict(self.state))
+                device, enabled = str(_arg(node, 0, "device_type", "cuda")), bool(_arg(node, 2, "enabled", True))
+                dtype = _arg(node, 1, "dtype", None) or self.state.get(device) or torch.get_autocast_dtype(device)
+                self.state[device] = dtype if enabled else None
+            elif _is_switch(node, _EXIT):
+                if not outer:
+                    raise _Unknown(f"{node.name} closes an autocast region the graph does not open")
+                self.state = outer.pop()
+            elif _is_switch(node, "_set_grad_enabled"):
+                continue  # (grad mode changes no dtype; run, it would switch the caller's)
+            elif node.op == "placeholder":
                 value = meta_value(node)
                 if value is None:
                     raise _Unknown(f"input {node.name} has no value in the graph's meta")
@@ -83,6 +116,8 @@ class _Simulator:
                 raise _Unknown(f"{node.name} calls a module")
             elif node.op in ("call_function", "call_method"):
                 yield node, self._node_casts(node)
+        if outer:
+            raise _Unknown("an autocast region does not close in the graph")
 
     def _fake(self, value: Any) -> Any:
         if isinstance(value, (tuple, list)):
@@ -99,10 +134,10 @@ class _Simulator:
     def _node_casts(self, node: torch.fx.Node) -> dict[torch.fx.Node, torch.dtype]:
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.values.__getitem__)
         try:  # the casts the op makes of itself (a ``to``), which autocast's are not
-            plain, off = self._run(node, args, kwargs, autocast=False)
+            plain, off = self._run(node, args, kwargs, {})
         except _Unknown:  # (an op autocast makes run: a linear of a bf16 input and float32 weight)
             plain, off = _FAILED, []
-        self.values[node], on = self._run(node, args, kwargs, autocast=True)
+        self.values[node], on = self._run(node, args, kwargs, self.state)
         made = [cast for cast in on if cast not in off]
         by_id = {id(self.values[n]): n for n in node.all_input_nodes}
         casts: dict[torch.fx.Node, torch.dtype] = {}
@@ -116,14 +151,18 @@ class _Simulator:
             return {}  # (autocast's "promote": the type promotion the op makes anyway, written out)
         return casts
 
-    def _run(self, node: torch.fx.Node, args: Any, kwargs: Any, autocast: bool) -> tuple[Any, list]:
-        """(what ``node`` returns, the casts it makes) with autocast on or off."""
+    def _run(
+        self, node: torch.fx.Node, args: Any, kwargs: Any, state: dict[str, torch.dtype | None]
+    ) -> tuple[Any, list]:
+        """(what ``node`` returns, the casts it makes) under the autocast ``state`` (a device
+        it leaves out, or maps to None, runs with autocast off)."""
         recorder = _CastRecorder()
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(self.mode)
-                for device, dtype in self.states:
-                    stack.enter_context(torch.autocast(device, dtype, enabled=autocast, cache_enabled=False))
+                for device in sorted(self.devices):
+                    dtype = state.get(device)
+                    stack.enter_context(torch.autocast(device, dtype, enabled=dtype is not None, cache_enabled=False))
                 stack.enter_context(recorder)
                 if node.op == "call_method":
                     result = getattr(args[0], str(node.target))(*args[1:], **kwargs)
@@ -156,6 +195,8 @@ def _with_bodies(gm: torch.fx.GraphModule) -> str | None:
 def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> torch.fx.GraphModule:
     """A copy of ``gm`` that computes without autocast what ``gm`` computes under the autocast
     ``states``, and the same under them: each cast autocast makes is a ``to`` node of its own.
+    The casts of the graph's own autocast regions (``with torch.autocast(...)`` inside a
+    compiled function) are written alike, and the regions dropped.
 
     Checkpointed regions are inlined first (their ops tagged to be recomputed, as
     :mod:`optimus_eqsat.checkpoint_regions` does for every graph). Raises :class:`DeclinedGraph`
@@ -167,24 +208,42 @@ def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> tor
     inline_checkpoints(result)  # (the regions' ops, tagged to be recomputed, are the graph's own)
     body = _with_bodies(result)
     if body is not None:
-        raise DeclinedGraph(f"autocast in force and a higher-order op ({body}): left as it is")
+        raise DeclinedGraph(f"autocast in force or in regions, and a higher-order op ({body}): left as it is")
     simulator = _Simulator(result, states)
     try:
         for node, casts in simulator.casts():
             for source, dtype in casts.items():
                 _cast_before(result.graph, node, source, dtype)
     except _Unknown as exc:
-        raise DeclinedGraph(f"autocast in force, and what it casts cannot be told: {exc}; left as it is") from exc
+        raise DeclinedGraph(f"autocast in force or in regions, and what it casts cannot be told: {exc}") from exc
+    _drop_autocast_regions(result.graph)
     result.recompile()
     left = autocast_casts_in(result, states)
-    if left:
-        raise DeclinedGraph(f"autocast in force, and its casts could not all be written out ({left[0]}); left as it is")
+    if left:  # (a region that turned autocast off: without it, its ops would be cast)
+        raise DeclinedGraph(f"autocast's casts could not all be written out ({left[0]}); left as it is")
     if any(_dtypes(meta_value(n)) != _dtypes(v) for n, v in simulator.values.items()):
         # meta made without this autocast (a graph traced before it was entered): the
         # e-graph reads dtypes off it, so it must say what runs (the copy runs alike either way)
         if not propagate_meta(result):
             raise DeclinedGraph("autocast in force, and the graph's meta, made without it, cannot be made anew")
     return result
+
+
+def _drop_autocast_regions(graph: torch.fx.Graph) -> None:
+    """Erases the graph's ``_enter_autocast`` / ``_exit_autocast`` nodes (their casts written
+    out, the regions change nothing)."""
+    for node in [n for n in graph.nodes if _is_switch(n, _EXIT)]:
+        graph.erase_node(node)
+    for node in [n for n in graph.nodes if _is_switch(n, _ENTER)]:
+        if node.users:  # (the region's context object read by something else than its exit)
+            raise DeclinedGraph(f"{node.name}'s autocast context is read by {next(iter(node.users)).name}")
+        graph.erase_node(node)
+
+
+def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
 
 
 def _dtypes(value: Any) -> Any:

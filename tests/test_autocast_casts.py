@@ -172,3 +172,67 @@ def test_checkpointed_regions_are_inlined_and_their_casts_recomputed_with_them()
     assert len(casts) == 9  # each linear's input, weight and bias
     assert all(n.meta.get("recompute") is not None and "ac_graph_id" in n.meta for n in casts)
     assert autocast_casts_in(explicit, BF16) == []
+
+
+class Regions(nn.Module):
+    """A bf16 autocast region holding a linear and, nested in it, a float32 region (autocast
+    off) holding another; the linears then meet in an add (which promotes to float32 by itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.first(x)
+            with torch.autocast("cpu", enabled=False):
+                z = self.second(y.float())
+            w = y + z
+        return w.relu()
+
+
+def _state_switches(gm):
+    names = ("_enter_autocast", "_exit_autocast")
+    return [n for n in gm.graph.nodes if getattr(n.target, "__name__", "") in names]
+
+
+def test_an_autocast_regions_casts_are_written_and_the_region_dropped():
+    model, x = Regions(), torch.randn(5, 8)
+    gm = _dynamo_graph(model, (x,), autocast=False)
+    assert len(_state_switches(gm)) == 4 and autocast_casts_in(gm, []) != []  # (the bf16 region's linear)
+    explicit = with_explicit_casts(gm, [])
+    assert _state_switches(explicit) == [] and autocast_casts_in(explicit, []) == []
+    casts = [n.args[1] for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]
+    assert list(map(str, casts)) == ["torch.bfloat16"] * 3  # (the first linear's x, weight and bias)
+    with torch.no_grad():
+        want, got = model(x), explicit(*_parameters(model)[:2], x, *_parameters(model)[2:])[0]
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_region_turning_autocast_off_inside_autocast_in_force_is_declined():
+    """Dropped, the region's float32 linear would be cast to bf16 by the autocast around it."""
+    model, x = Regions(), torch.randn(5, 8)
+    gm = _dynamo_graph(model, (x,), autocast=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        optimized = optimize_graph(gm, mode="inference")
+        want, got = (g(*_parameters(model)[:2], x, *_parameters(model)[2:])[0] for g in (gm, optimized))
+    report = optimized.meta["optimus_eqsat"]
+    assert report.fell_back and "could not all be written out" in report.fallback_reason, report.fallback_reason
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_an_autocast_region_that_does_not_close_in_the_graph_is_declined():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.randn(2, 4)
+    graph.call_function(torch.amp.autocast_mode._enter_autocast, ("cpu", torch.bfloat16, True, None))
+    graph.output(graph.call_function(torch.nn.functional.linear, (x, graph.get_attr("weight"))))
+    root = nn.Module()
+    root.weight = nn.Parameter(torch.randn(3, 4))
+    try:
+        with_explicit_casts(torch.fx.GraphModule(root, graph), [])
+    except DeclinedGraph as exc:
+        assert "does not close" in str(exc)
+    else:
+        raise AssertionError("an unclosed region was not declined")

@@ -157,18 +157,27 @@ def test_experts_with_training_norms_batch_and_train_as_eager(momentum):
     assert report.launches_after < report.launches_before
 
 
-def _run_under_bf16_autocast(make: Callable[[], nn.Module]) -> tuple:
+def _run_under_bf16_autocast(make: Callable[[], nn.Module], inside: bool = False) -> tuple:
     """(the model ``make`` builds, seeded, in training; its compiled copy; eager's output; ours;
     our backend) of one call under bf16 autocast; the outputs checked bf16 and within bf16's
-    rounding of each other."""
+    rounding of each other. ``inside``: the autocast is entered inside the compiled function
+    (a region of Dynamo's graph), else around the call."""
     torch.manual_seed(0)
     model = make().train()
     ours = copy.deepcopy(model)
     x = torch.randn(16, 8)
     backend = _backend()
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return ours(x)
+
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want = model(x)
-        got = torch.compile(ours, backend=backend)(x)
+        if not inside:
+            got = torch.compile(ours, backend=backend)(x)
+    if inside:
+        got = torch.compile(step, backend=backend)(x)
     assert got.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
     return model, ours, want, got, backend
@@ -201,6 +210,24 @@ def test_checkpointed_experts_batch_under_bf16_autocast():
     report = backend.reports[0]
     assert not report.fell_back, report.fallback_reason
     assert report.batched.get("batch-linear", 0) >= 8
+
+
+def test_experts_under_an_autocast_region_of_the_compiled_step_batch():
+    """``with torch.autocast(...)`` inside the compiled function (a training step written so):
+    the region's casts are written into the graph and the region dropped, so the experts, their
+    norms and towers batch as under autocast around the call; outputs, statistics and gradients
+    within bf16's rounding of eager's."""
+    model, ours, want, got, backend = _run_under_bf16_autocast(Experts, inside=True)
+    report = backend.reports[0]
+    assert not report.fell_back, report.fallback_reason
+    assert report.batched.get("batch-linear", 0) >= 8 and report.batched.get("batch-reduction", 0) >= 8
+    for (name, a), b in zip(model.named_buffers(), ours.buffers()):
+        torch.testing.assert_close(b.double(), a.double(), rtol=2e-2, atol=2e-3, msg=name)
+    want.float().square().sum().backward()
+    got.float().square().sum().backward()
+    scale = max(p.grad.abs().max().item() for p in model.parameters())
+    for (name, p), q in zip(model.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=3e-2 * scale, msg=name)
 
 
 def test_norms_of_sequences_and_shared_statistics_train_as_eager():

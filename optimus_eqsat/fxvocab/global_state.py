@@ -8,7 +8,9 @@ no notion of it: a batch of linears from both sides of the boundary would comput
 no-grad members with gradients (their parameters then train) or the full-precision members
 in bfloat16, and a rebuilt node may land on the other side of a boundary. So a graph whose
 regions change the state is declined (its pieces after AOTAutograd, where the state is
-folded into the ops, are still optimized by the post-grad passes).
+folded into the ops, are still optimized by the post-grad passes). Autocast regions are the
+exception the optimizer makes: it writes the casts they make into the graph and drops them
+(``optimus_eqsat.autocast_casts``).
 
 A region that sets the state already in force is no change and does not decline: Hugging
 Face's rotary embeddings run under ``torch.autocast(enabled=False)``, a no-op unless the
@@ -91,19 +93,21 @@ def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
     return node.kwargs.get(name, default)
 
 
-def state_changes(gm: torch.fx.GraphModule) -> list[str]:
-    """The nodes of ``gm`` that change the grad mode or an autocast state in force (from the
-    state the graph runs under on), each as ``"name: what"``; the bodies of higher-order ops
-    (a checkpointed function's, which the optimizer inlines) are walked where they are called.
+def state_changes(gm: torch.fx.GraphModule, grad: bool = True, autocast: bool = True) -> list[str]:
+    """The nodes of ``gm`` that change the grad mode (``grad``) or an autocast state in force
+    (``autocast``) from the state the graph runs under on, each as ``"name: what"``; the bodies
+    of higher-order ops (a checkpointed function's, which the optimizer inlines) are walked
+    where they are called.
 
     Grad mode turned off counts only where an op inside the region reads a value that needs a
     gradient: without one, the region computes what it would with grad mode on (Hugging Face's
     ``@torch.no_grad()`` rotary embedding reads position ids and a buffer). Whether a value
     needs a gradient is read off the inputs (a placeholder's meta value or a parameter; an
     input of unknown kind counts as needing one) and carried through the ops."""
-    changes: list[str] = []
+    changes: list[tuple[str, str]] = []  # (kind, change)
     _walk(gm, gm.graph, _State.current(), changes, {})
-    return changes
+    kinds = {kind for kind, wanted in (("grad", grad), ("autocast", autocast)) if wanted}
+    return [change for kind, change in changes if kind in kinds]
 
 
 def _needs_grad_at_input(root: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
@@ -132,7 +136,7 @@ def _walk(
     root: torch.fx.GraphModule,
     graph: torch.fx.Graph,
     state: _State,
-    changes: list[str],
+    changes: list[tuple[str, str]],
     needs_grad: dict[torch.fx.Node, bool],
 ) -> None:
     saved: list[_State] = []
@@ -154,7 +158,7 @@ def _walk(
         name = target_name(node.target) if node.op != "call_module" else ""
         needs_grad[node] = state.grad and reads_grad and name != "detach"
         if grad_at_start and not state.grad and reads_grad and name not in STATE_SWITCHES:
-            changes.append(f"{node.name}: reads a value that needs a gradient with grad mode off")
+            changes.append(("grad", f"{node.name}: reads a value that needs a gradient with grad mode off"))
         if node.op != "call_function":
             continue
         for arg in node.args:
@@ -164,13 +168,13 @@ def _walk(
         if name == "_set_grad_enabled":
             enabled = bool(_arg(node, 0, "mode", True))
             if enabled and not state.grad and not grad_at_start:
-                changes.append(f"{node.name}: grad mode on")
+                changes.append(("grad", f"{node.name}: grad mode on"))
             state = replace(state, grad=enabled)
         elif name in ("_enter_autocast", "_enter_inference_mode"):
             saved.append(state)
             if name == "_enter_inference_mode":
                 if _arg(node, 0, "mode", True):
-                    changes.append(f"{node.name}: inference mode")
+                    changes.append(("grad", f"{node.name}: inference mode"))
                 continue
             device = str(_arg(node, 0, "device_type", "cuda"))
             enabled = bool(_arg(node, 2, "enabled", True))
@@ -179,7 +183,8 @@ def _walk(
                 dtype = torch.get_autocast_dtype(device) if device in _DEVICES else None
             before = state.autocast_of(device)
             if enabled != before[0] or (enabled and dtype != before[1]):
-                changes.append(f"{node.name}: autocast {device} {'on, ' + str(dtype) if enabled else 'off'}")
+                what = f"autocast {device} {'on, ' + str(dtype) if enabled else 'off'}"
+                changes.append(("autocast", f"{node.name}: {what}"))
             state = state.with_autocast(device, enabled, dtype)
         elif name in ("_exit_autocast", "_exit_inference_mode") and saved:
             state = saved.pop()
@@ -227,11 +232,12 @@ def _cast_when_run(node: torch.fx.Node) -> bool:
     return getattr(node.target, "__module__", None) not in ("_operator", "operator", "builtins", "math")
 
 
-def decline_state_changes(gm: torch.fx.GraphModule) -> None:
+def decline_state_changes(gm: torch.fx.GraphModule, autocast: bool = True) -> None:
     """Raise :class:`DeclinedGraph` when a region of ``gm`` runs under another grad mode or
-    autocast state than the rest (see the module docstring). (Autocast in force for the whole
-    graph is written into it as casts instead: ``optimus_eqsat.autocast_casts``.)"""
-    changes = state_changes(gm)
+    (``autocast``) autocast state than the rest (see the module docstring). (The optimizer
+    writes autocast's casts into the graph instead, for the autocast in force and for its
+    regions alike: ``optimus_eqsat.autocast_casts``.)"""
+    changes = state_changes(gm, autocast=autocast)
     if changes:
         raise DeclinedGraph(
             f"grad-mode or autocast regions in the graph ({'; '.join(changes[:4])}): ops on both sides "
