@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from optimus_eqsat import rewrites
-from optimus_eqsat.autocast_casts import autocast_casts_in, with_explicit_casts
+from optimus_eqsat.autocast_casts import autocast_casts_in, with_explicit_casts, without_autocast
 from optimus_eqsat.budget import Budget
 from optimus_eqsat.checkpoint_regions import with_regions_inlined
 from optimus_eqsat.decompose import before_translation
@@ -157,6 +157,7 @@ class OptimizationRun:
         # or the graph has autocast regions
         self.source: torch.fx.GraphModule = gm
         self.autocast: list[tuple[str, torch.dtype]] = []
+        self.autocast_off = False  # whether the rebuilt graph runs with the autocast in force off
         self.session: EGraphSession | None = None  # made by saturate
         self.batches: rewrites.batching.Batches | None = None
         self.options = options or OptimizeOptions()
@@ -184,7 +185,8 @@ class OptimizationRun:
             self.autocast = ambient_autocast(self.gm)
             if self.autocast or state_changes(self.gm, grad=False):
                 # the e-graph's equalities hold for ops autocast leaves alone
-                self.source = with_explicit_casts(self.gm, self.autocast)
+                explicit = with_explicit_casts(self.gm, self.autocast)
+                self.source, self.autocast_off = explicit.gm, explicit.needs_autocast_off
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
             self.translation = t = translate(before_translation(self.source), self.example_inputs)
         budget.fx_nodes = len(t.nodes)
@@ -338,7 +340,7 @@ class OptimizationRun:
         misplaced = [] if reason else state_changes(result)  # (the original had none: see saturate)
         if misplaced:
             reason = f"the rebuilt graph changes what a grad-mode or autocast region computes ({misplaced[0]})"
-        cast = [] if reason or not self.autocast else autocast_casts_in(result, self.autocast)
+        cast = [] if reason or not self.autocast or self.autocast_off else autocast_casts_in(result, self.autocast)
         if cast:
             reason = f"autocast would cast an op of the rebuilt graph ({cast[0]}), changing its precision"
         if reason:
@@ -355,4 +357,6 @@ class OptimizationRun:
             rewritten += kept
         if rewritten and self._wants_meta:
             propagate_meta(result, self.example_inputs)
+        if self.autocast_off:  # (its casts are all written out: see optimus_eqsat/autocast_casts.py)
+            without_autocast(result, [device for device, _ in self.autocast])
         return result

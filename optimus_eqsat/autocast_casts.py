@@ -24,13 +24,16 @@ compiled training step, Dynamo's ``_enter_autocast`` ... ``_exit_autocast`` node
 same way, each op under the state of the region it sits in; its casts written out, the region
 changes nothing and is dropped, so its ops batch with one another (and with the graph's other
 ops of the same dtypes). A region that turns autocast off inside autocast in force cannot be
-dropped (its float32 ops would be cast then): such a graph is declined.
+dropped as such (its float32 ops would be cast then): the graph rebuilt from such a copy runs
+as a whole in a region turning the autocast in force off (:func:`without_autocast`), which
+changes nothing for it, all its casts written out.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,7 +47,7 @@ from optimus_eqsat.fxvocab.names import target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.rebuild import propagate_meta
 
-__all__ = ["autocast_casts_in", "with_explicit_casts"]
+__all__ = ["ExplicitCasts", "autocast_casts_in", "with_explicit_casts", "without_autocast"]
 
 #: (device type, dtype) of each autocast in force
 AutocastStates = Sequence[tuple[str, torch.dtype]]
@@ -192,17 +195,29 @@ def _with_bodies(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
-def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> torch.fx.GraphModule:
+@dataclass(frozen=True)
+class ExplicitCasts:
+    """What :func:`with_explicit_casts` made: ``gm``, a copy computing without autocast what the
+    graph computes under the autocast in force; ``needs_autocast_off``: the autocast in force
+    would still cast ops of ``gm`` (a region of the graph turned it off for them), so ``gm``,
+    and a graph rebuilt from it, must run with it off (:func:`without_autocast`)."""
+
+    gm: torch.fx.GraphModule
+    needs_autocast_off: bool
+
+
+def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> ExplicitCasts:
     """A copy of ``gm`` that computes without autocast what ``gm`` computes under the autocast
-    ``states``, and the same under them: each cast autocast makes is a ``to`` node of its own.
-    The casts of the graph's own autocast regions (``with torch.autocast(...)`` inside a
-    compiled function) are written alike, and the regions dropped.
+    ``states``: each cast autocast makes is a ``to`` node of its own. The casts of the graph's
+    own autocast regions (``with torch.autocast(...)`` inside a compiled function) are written
+    alike, and the regions dropped. The copy computes the same under ``states`` unless a
+    region turned autocast off for some of its ops (``needs_autocast_off``).
 
     Checkpointed regions are inlined first (their ops tagged to be recomputed, as
     :mod:`optimus_eqsat.checkpoint_regions` does for every graph). Raises :class:`DeclinedGraph`
     when what autocast does cannot be told for every op (a module call, an op that does not run
     on fake tensors, a symbolic size, another higher-order op whose body would run under
-    autocast), or when the copy is still cast somewhere.
+    autocast).
     """
     result = copy_module(gm)
     inline_checkpoints(result)  # (the regions' ops, tagged to be recomputed, are the graph's own)
@@ -218,15 +233,30 @@ def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> tor
         raise DeclinedGraph(f"autocast in force or in regions, and what it casts cannot be told: {exc}") from exc
     _drop_autocast_regions(result.graph)
     result.recompile()
-    left = autocast_casts_in(result, states)
-    if left:  # (a region that turned autocast off: without it, its ops would be cast)
-        raise DeclinedGraph(f"autocast's casts could not all be written out ({left[0]}); left as it is")
     if any(_dtypes(meta_value(n)) != _dtypes(v) for n, v in simulator.values.items()):
         # meta made without this autocast (a graph traced before it was entered): the
         # e-graph reads dtypes off it, so it must say what runs (the copy runs alike either way)
         if not propagate_meta(result):
             raise DeclinedGraph("autocast in force, and the graph's meta, made without it, cannot be made anew")
-    return result
+    # (a region that turned autocast off inside ``states``: without it, its ops would be cast)
+    return ExplicitCasts(result, bool(states) and bool(autocast_casts_in(result, states)))
+
+
+def without_autocast(gm: torch.fx.GraphModule, devices: Sequence[str]) -> None:
+    """Wraps the whole of ``gm`` (in place) in a region turning autocast off on ``devices``, so
+    that it computes under autocast what it computes without (its casts written out)."""
+    graph = gm.graph
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    output = next(n for n in graph.nodes if n.op == "output")
+    with graph.inserting_before(first):
+        enters = [
+            graph.call_function(torch.amp.autocast_mode._enter_autocast, (device, None, False, None))
+            for device in devices
+        ]
+    with graph.inserting_before(output):
+        for enter in reversed(enters):  # (the region entered last exits first)
+            graph.call_function(torch.amp.autocast_mode._exit_autocast, (enter,))
+    gm.recompile()
 
 
 def _drop_autocast_regions(graph: torch.fx.Graph) -> None:

@@ -69,7 +69,7 @@ def test_the_copy_computes_without_autocast_what_the_graph_computes_under_it():
     found = autocast_casts_in(gm, BF16)
     # the linear's three inputs (not the cat's bf16 member: cat promotes it to float32 alike)
     assert len(found) == 3, found
-    explicit = with_explicit_casts(gm, BF16)
+    explicit = with_explicit_casts(gm, BF16).gm
     casts = [n for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]
     assert [str(n.args[1]) for n in casts] == ["torch.bfloat16"] * 3
     assert autocast_casts_in(explicit, BF16) == []
@@ -86,7 +86,7 @@ def test_meta_made_without_autocast_does_not_hide_a_cast():
     torch.manual_seed(0)
     model, inputs = Mixed(), _inputs()
     gm = _dynamo_graph(model, inputs, autocast=False)
-    explicit = with_explicit_casts(gm, BF16)
+    explicit = with_explicit_casts(gm, BF16).gm
     assert len([n for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]) == 3
     want = _run(gm, model, inputs, autocast=True)
     got = _run(explicit, model, inputs, autocast=False)
@@ -166,7 +166,7 @@ def test_checkpointed_regions_are_inlined_and_their_casts_recomputed_with_them()
     model, x = Checkpointed(), torch.randn(4, 8, requires_grad=True)
     gm = _dynamo_graph(model, (x,), autocast=True)
     assert len(checkpoint_calls(gm)) == 3
-    explicit = with_explicit_casts(gm, BF16)
+    explicit = with_explicit_casts(gm, BF16).gm
     assert not checkpoint_calls(explicit)
     casts = [n for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]
     assert len(casts) == 9  # each linear's input, weight and bias
@@ -200,7 +200,7 @@ def test_an_autocast_regions_casts_are_written_and_the_region_dropped():
     model, x = Regions(), torch.randn(5, 8)
     gm = _dynamo_graph(model, (x,), autocast=False)
     assert len(_state_switches(gm)) == 4 and autocast_casts_in(gm, []) != []  # (the bf16 region's linear)
-    explicit = with_explicit_casts(gm, [])
+    explicit = with_explicit_casts(gm, []).gm
     assert _state_switches(explicit) == [] and autocast_casts_in(explicit, []) == []
     casts = [n.args[1] for n in explicit.graph.nodes if n.op == "call_method" and n.target == "to"]
     assert list(map(str, casts)) == ["torch.bfloat16"] * 3  # (the first linear's x, weight and bias)
@@ -210,16 +210,23 @@ def test_an_autocast_regions_casts_are_written_and_the_region_dropped():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_a_region_turning_autocast_off_inside_autocast_in_force_is_declined():
-    """Dropped, the region's float32 linear would be cast to bf16 by the autocast around it."""
+def test_a_region_turning_autocast_off_inside_autocast_in_force_runs_the_copy_with_it_off():
+    """Dropped, the region's float32 linear would be cast to bf16 by the autocast around it: the
+    copy is marked to run with autocast off, and wrapped so, computes under it what it must."""
+    from optimus_eqsat.autocast_casts import without_autocast
+
     model, x = Regions(), torch.randn(5, 8)
-    gm = _dynamo_graph(model, (x,), autocast=True)
     with torch.autocast("cpu", torch.bfloat16):
-        optimized = optimize_graph(gm, mode="inference")
-        want, got = (g(*_parameters(model)[:2], x, *_parameters(model)[2:])[0] for g in (gm, optimized))
-    report = optimized.meta["optimus_eqsat"]
-    assert report.fell_back and "could not all be written out" in report.fallback_reason, report.fallback_reason
+        gm = _dynamo_graph(model, (x,), autocast=True)  # (the bf16 region is no change here)
+    explicit = with_explicit_casts(gm, BF16)
+    assert explicit.needs_autocast_off and autocast_casts_in(explicit.gm, BF16) != []
+    without_autocast(explicit.gm, ["cpu"])
+    assert autocast_casts_in(explicit.gm, BF16) == []
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        want = model(x)
+        got = explicit.gm(*_parameters(model)[:2], x, *_parameters(model)[2:])[0]
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not with_explicit_casts(_dynamo_graph(model, (x,), autocast=False), []).needs_autocast_off
 
 
 def test_an_autocast_region_that_does_not_close_in_the_graph_is_declined():

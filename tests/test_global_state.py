@@ -116,6 +116,52 @@ def test_the_state_in_force_decides_what_a_region_changes():
     assert state_changes(same) and "autocast cpu on" in state_changes(same)[0]
 
 
+def test_experts_of_a_float32_region_inside_autocast_batch_apart_from_the_bf16_ones():
+    """``autocast(enabled=False)`` around half the experts inside the caller's bf16 autocast:
+    every cast written out, the rebuilt graph runs as a whole with autocast off (dropped, the
+    region's float32 linears would be cast); both halves batch, each at its precision."""
+    from optimus_eqsat.autocast_casts import autocast_casts_in
+
+    model, x = Experts(_autocast_off), torch.randn(32, 16)
+    with _bf16_autocast():
+        gm, inputs = _dynamo_graph(model, x)
+        assert state_changes(gm) and "autocast cpu off" in state_changes(gm)[0]
+        optimized = optimize_graph(gm, mode="training")
+        (want,), (got,) = gm(*inputs), optimized(*inputs)
+    report = optimized.meta["optimus_eqsat"]
+    assert not report.fell_back and report.batched["batch-linear"] == 8, report.fallback_reason
+    assert autocast_casts_in(optimized, [("cpu", torch.bfloat16)]) == []
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    bf16 = Experts(_bf16_autocast)  # (every expert in bf16: the float32 half's precision matters)
+    bf16.load_state_dict(model.state_dict())
+    with _bf16_autocast():
+        assert (bf16(x) - want).abs().max() > 100 * (got - want).abs().max()
+    trained = [t for t in inputs if t.requires_grad]
+    for a, b in zip(torch.autograd.grad(got.sum(), trained), torch.autograd.grad(want.sum(), trained)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_backend_compiles_a_program_run_with_autocast_off_as_a_whole():
+    """The rebuilt graph's own region (autocast off around everything) goes through AOTAutograd
+    and Inductor: output and gradients as the original program's under Inductor."""
+    torch.manual_seed(0)
+    model = Experts(_autocast_off)
+    ours = copy.deepcopy(model)
+    backend = make_backend(measure=False)
+    x = torch.randn(32, 16)
+    torch._dynamo.reset()
+    with _bf16_autocast():
+        want, got = torch.compile(model)(x), torch.compile(ours, backend=backend)(x)
+    torch._dynamo.reset()
+    report = backend.reports[0]
+    assert not report.fell_back and report.batched["batch-linear"] == 8, report.fallback_reason
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    want.sum().backward()
+    got.sum().backward()
+    for p, q in zip(model.parameters(), ours.parameters()):  # (bf16 weights' gradients: bf16's rounding)
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-2, atol=1e-2)
+
+
 def test_the_program_cache_keys_on_the_autocast_state_of_every_device():
     outside = traced_state()
     with _bf16_autocast():
