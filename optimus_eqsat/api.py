@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ import torch
 import torch.fx
 
 from optimus_eqsat import rewrites
-from optimus_eqsat.autocast_casts import autocast_casts_in, with_explicit_casts, without_autocast
+from optimus_eqsat.autocast_casts import autocast_casts_in, autocast_off, with_explicit_casts, without_autocast
 from optimus_eqsat.budget import Budget
 from optimus_eqsat.checkpoint_regions import with_regions_inlined
 from optimus_eqsat.decompose import before_translation
@@ -280,8 +281,15 @@ class OptimizationRun:
             # own passes read it). A symbolic_trace graph with example inputs skips this:
             # the cost model runs the inputs instead, and fake tensors import torch._dynamo
             # (seconds, the first time).
-            propagate_meta(result, self.example_inputs)
+            with self._as_it_runs():
+                propagate_meta(result, self.example_inputs)
         return result
+
+    def _as_it_runs(self) -> contextlib.AbstractContextManager[None]:
+        """The autocast in force turned off: the translated graph has its casts written out
+        and computes without it what the original computes under it (a float32 region's ops,
+        its markers dropped, would be cast under it)."""
+        return autocast_off(device for device, _ in self.autocast)
 
     @property
     def _wants_meta(self) -> bool:
@@ -314,6 +322,10 @@ class OptimizationRun:
 
     def finish(self) -> torch.fx.GraphModule:
         """Rebuild, predict launches before/after, and keep the original if the result is worse."""
+        with self._as_it_runs():  # (predictions may run the graphs)
+            return self._finish()
+
+    def _finish(self) -> torch.fx.GraphModule:
         opts, report, gm = self.options, self.report, self.gm
         # With refine, candidates are compared on cheap builds (e-graph shapes, no fake
         # tensors: most of a build's time); only the winner gets full meta.

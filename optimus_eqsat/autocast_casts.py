@@ -32,7 +32,7 @@ changes nothing for it, all its casts written out.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ from optimus_eqsat.fxvocab.names import target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.rebuild import propagate_meta
 
-__all__ = ["ExplicitCasts", "autocast_casts_in", "with_explicit_casts", "without_autocast"]
+__all__ = ["ExplicitCasts", "autocast_casts_in", "autocast_off", "with_explicit_casts", "without_autocast"]
 
 #: (device type, dtype) of each autocast in force
 AutocastStates = Sequence[tuple[str, torch.dtype]]
@@ -235,11 +235,23 @@ def with_explicit_casts(gm: torch.fx.GraphModule, states: AutocastStates) -> Exp
     result.recompile()
     if any(_dtypes(meta_value(n)) != _dtypes(v) for n, v in simulator.values.items()):
         # meta made without this autocast (a graph traced before it was entered): the
-        # e-graph reads dtypes off it, so it must say what runs (the copy runs alike either way)
-        if not propagate_meta(result):
+        # e-graph reads dtypes off it, so it must say what runs (without autocast: a float32
+        # region's ops, its markers dropped, would be cast under it)
+        with autocast_off(simulator.devices):
+            made = propagate_meta(result)
+        if not made:
             raise DeclinedGraph("autocast in force, and the graph's meta, made without it, cannot be made anew")
     # (a region that turned autocast off inside ``states``: without it, its ops would be cast)
     return ExplicitCasts(result, bool(states) and bool(autocast_casts_in(result, states)))
+
+
+@contextlib.contextmanager
+def autocast_off(devices: Iterable[str]) -> Iterator[None]:
+    """Autocast turned off on ``devices`` (a graph with its casts written out runs so)."""
+    with contextlib.ExitStack() as stack:
+        for device in devices:
+            stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 def without_autocast(gm: torch.fx.GraphModule, devices: Sequence[str]) -> None:

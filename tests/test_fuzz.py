@@ -859,6 +859,34 @@ def test_state_regions_match_eager() -> None:
             raise AssertionError(g.description) from e
 
 
+def _autocast_region_cases(count: int) -> list[GeneratedGraph]:
+    """The first ``count`` state_dynamo programs whose Dynamo graph holds autocast regions, one
+    of them turning autocast off, and no grad-mode region."""
+    found = []
+    for seed in range(200):
+        g = make_case("state_dynamo", seed)
+        calls = [n for n in g.gm.graph.nodes if n.op == "call_function" and _is_state_node(n.target)]
+        turned_off = [n for n in calls if n.target is not torch._C._set_grad_enabled and n.args[2] is False]
+        if turned_off and all(n.target is not torch._C._set_grad_enabled for n in calls):
+            found.append(g)
+            if len(found) == count:
+                return found
+    raise AssertionError(f"only {len(found)} state_dynamo programs of 200 hold such regions")
+
+
+def test_autocast_regions_under_autocast_in_force_keep_eagers_dtypes() -> None:
+    """Under bf16 autocast around the call, a region turning it off is a float32 island: its
+    casts written out, the rebuilt graph runs with autocast off as a whole; outputs, gradients
+    and dtypes are eager's (within bf16's rounding) and the experts still batch."""
+    for g in _autocast_region_cases(3):
+        try:
+            result = check_dynamo_graph_under_autocast(g)
+        except Exception as e:
+            raise AssertionError(g.description) from e
+        report = result.meta["optimus_eqsat"]
+        assert not report.fell_back and report.batched, (g.description, report.fallback_reason)
+
+
 def test_harness_catches_batching_across_state_regions(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the optimizer's region checks switched off (it then batches frozen or bf16 experts
     with plain ones), the differential check fails on some of those programs."""

@@ -68,8 +68,8 @@ class StateRegion(nn.Module):
             region = torch.enable_grad()
         else:
             region = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.kind == "autocast_bf16")
-        with region:
-            out = self.inner(x)
+        with region:  # (a float32 island reads its input as float32, as users write it)
+            out = self.inner(x.float() if self.kind == "autocast_off" else x)
         return out.float()
 
 
