@@ -124,15 +124,21 @@ _MAY_RETURN_INPUT = frozenset(
 
 
 def _feeding_outputs(gm: fx.GraphModule) -> set[fx.Node]:
-    """The nodes some output of ``gm`` depends on (itself included)."""
+    """The nodes some output of ``gm`` depends on differentiably (itself included): a
+    ``detach`` passes no gradient to what it reads."""
     reached: set[fx.Node] = set()
     work = list(gm.graph.output_node().all_input_nodes)
     while work:
         node = work.pop()
         if node not in reached:
             reached.add(node)
-            work.extend(node.all_input_nodes)
+            if not _detaches(node):
+                work.extend(node.all_input_nodes)
     return reached
+
+
+def _detaches(node: fx.Node) -> bool:
+    return node.op in ("call_function", "call_method") and canonical_name(node) == "detach"
 
 
 def _parameter_readers(gm: fx.GraphModule) -> list[tuple[str, fx.Node]]:
@@ -198,13 +204,14 @@ def _floating(node: fx.Node) -> bool:
 
 
 def _dependent_output(node: fx.Node, outputs: list[fx.Node | None]) -> int | None:
-    """The position of the first output that depends on ``node`` and may be floating."""
+    """The position of the first output that depends on ``node`` differentiably (through no
+    ``detach``) and may be floating."""
     reached, work = set(), [node]
     while work:
         n = work.pop()
         if n not in reached:
             reached.add(n)
-            work.extend(n.users)
+            work.extend(user for user in n.users if not _detaches(user))
     for k, out in enumerate(outputs):
         if out is not None and out in reached and _floating_output(out):
             return k

@@ -334,6 +334,17 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     names = [f"state input {i}" for i in state] + [f"buffer {n}" for n in initial]
     checks += [(a, e, f"{n} after the step", ATOL_OUT) for n, a, e in zip(names, state_o, state_e)]
     _compare(g, checks, upstream, result)
+    report = result.meta.get("optimus_eqsat")
+    if report is None or report.mode != "training":
+        return
+    # Training: a gradient eager leaves None must stay None (weight decay and optimizer state
+    # skip such a parameter), and one eager gives must be there (zeros included).
+    present = [(f"float input {i}", a, e) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
+    present += [(f"parameter {n}", kept[n], e) for n, e in zip(eager_params, gpar_e) if n in kept]
+    for what, a, e in present:
+        assert (a is None) == (e is None), (
+            f"grad of {what}: {'none' if a is None else 'one'}, eager's {'none' if e is None else 'one'}"
+        )
 
 
 def _compare(g: GeneratedGraph, checks: list, upstream: list, result: fx.GraphModule | None = None) -> None:

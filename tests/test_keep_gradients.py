@@ -100,6 +100,33 @@ def test_a_layer_no_output_reads_gets_no_gradient_when_batched_with_live_ones():
     assert backend.reports[0].changed and backend.reports[0].batched
 
 
+class DetachedExperts(nn.Module):
+    """Four same-shaped experts of one input, two of them detached (a stop-gradient branch):
+    eager gives their parameters no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        live = [e(x).relu() for e in self.experts[:2]]
+        stopped = [e(x).detach().relu() for e in self.experts[2:]]
+        return torch.stack(live + stopped).sum(0)
+
+
+def test_a_detached_layer_gets_no_gradient_when_batched_with_live_ones():
+    """A ``detach`` cuts the gradient where the edges still reach an output: batched with the
+    live experts, the detached ones' weights took zero gradients where eager leaves None."""
+    torch.manual_seed(0)
+    ours, eager, backend = _train_both(DetachedExperts(), torch.randn(16, 8))
+    assert eager["experts.2.weight"] is None and eager["experts.0.weight"] is not None
+    for name, grad in eager.items():
+        assert (ours[name] is None) == (grad is None), name
+        if grad is not None:
+            torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-5)
+    assert backend.reports[0].batched.get("batch-linear", 0) == 4
+
+
 def test_an_input_written_into_a_read_tensor_keeps_its_gradient():
     """The gate's result added in place into a tensor the output reads: the graph's edges do
     not show that dependence, so nothing is cut, and the gate's gradients are eager's."""

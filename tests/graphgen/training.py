@@ -53,15 +53,19 @@ class CheckpointedExpert(nn.Module):
 
 
 class StateRegion(nn.Module):
-    """``inner(x)`` inside a grad-mode or autocast region (``kind``, one of ``KINDS``), as float32."""
+    """``inner(x)`` inside a grad-mode or autocast region (``kind``, one of ``KINDS``), as float32;
+    ``detach``: no region, ``inner(x)`` detached (a stop-gradient branch, whose parameters get
+    no gradient however the edges reach an output)."""
 
-    KINDS = ("no_grad", "enable_grad", "autocast_bf16", "autocast_off")
+    KINDS = ("no_grad", "enable_grad", "autocast_bf16", "autocast_off", "detach")
 
     def __init__(self, inner: nn.Module, kind: str) -> None:
         super().__init__()
         self.inner, self.kind = inner, kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "detach":
+            return self.inner(x).detach()
         if self.kind == "no_grad":
             region: contextlib.AbstractContextManager = torch.no_grad()
         elif self.kind == "enable_grad":
