@@ -28,6 +28,7 @@ from optimus_eqsat.fxvocab.global_state import ambient_autocast, decline_state_c
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
+from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
 from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
 from optimus_eqsat.own_outputs import contiguous_outputs, own_sliced_outputs
@@ -182,11 +183,13 @@ class OptimizationRun:
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
             decline_data_dependent_sizes(self.gm)
-            decline_state_changes(self.gm, autocast=False)
+            decline_state_changes(self.gm, autocast=False, no_grad=False)
+            if state_changes(self.gm, grad=False, autocast=False):  # (ops in no-grad regions)
+                self.source = with_no_grad_regions_detached(self.gm)
             self.autocast = ambient_autocast(self.gm)
-            if self.autocast or state_changes(self.gm, grad=False):
+            if self.autocast or state_changes(self.gm, grad=False, no_grad=False):
                 # the e-graph's equalities hold for ops autocast leaves alone
-                explicit = with_explicit_casts(self.gm, self.autocast)
+                explicit = with_explicit_casts(self.source, self.autocast)
                 self.source, self.autocast_off = explicit.gm, explicit.needs_autocast_off
             # private in-place ops made out-of-place, eval-mode batch norms made elementwise
             self.translation = t = translate(before_translation(self.source), self.example_inputs)
@@ -361,9 +364,9 @@ class OptimizationRun:
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)
         rewritten = contiguous_outputs(gm, result)  # (before the copies below, which are contiguous)
-        if self.objective.mode == "training":
-            kept = keep_gradient_inputs(gm, result)
-            rewritten += keep_gradient_absences(gm, result)
+        if self.objective.mode == "training":  # (the source's detaches say what no-grad regions read)
+            kept = keep_gradient_inputs(self.source, result)
+            rewritten += keep_gradient_absences(self.source, result)
             rewritten += own_sliced_outputs(gm, result)
             report.kept_gradient_inputs = kept
             rewritten += kept

@@ -165,13 +165,19 @@ def _requires_grad_attr(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 def _detach_uses(gm: fx.GraphModule, node: fx.Node) -> None:
     """Every reader of ``node`` reads ``node.detach()`` instead."""
-    with gm.graph.inserting_after(node):
-        detached = gm.graph.call_method("detach", (node,))
+    detached = detach_after(gm.graph, node)
     node.replace_all_uses_with(detached, delete_user_cb=lambda user: user is not detached)
+
+
+def detach_after(graph: fx.Graph, node: fx.Node) -> fx.Node:
+    """A new ``node.detach()`` just after ``node``, with its meta (no reader yet)."""
+    with graph.inserting_after(node):
+        detached = graph.call_method("detach", (node,))
     for key in META_KEYS:
         value = node.meta.get(key)
         if value is not None:
             detached.meta[key] = value.detach() if isinstance(value, torch.Tensor) else value
+    return detached
 
 
 def graph_outputs(gm: fx.GraphModule) -> list[fx.Node | None]:

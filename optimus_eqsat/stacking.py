@@ -39,7 +39,7 @@ import torch.fx as fx
 from torch import nn
 
 from optimus_eqsat.fxvocab.names import canonical_name
-from optimus_eqsat.parameter_cache import packable_work
+from optimus_eqsat.parameter_cache import Pack, packable_work
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,8 @@ def planned_groups(model: nn.Module, example_inputs: Sequence[Any], **options: A
         placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         value = dict(zip(placeholders, inputs))
         for pack in packable_work(program, inputs).packs:
+            if _reads_a_member_detached(pack):
+                continue
             kind = canonical_name(pack.node)
             if (
                 kind == "stack"
@@ -169,6 +171,18 @@ def _program_with_stored_stacks(
         log.info("optimus_eqsat: stack_parameters: %s", run.report.fallback_reason)
         return None
     return program
+
+
+def _reads_a_member_detached(pack: Pack) -> bool:
+    """Whether the program reads a member of ``pack`` through a ``detach`` (a frozen layer's, in
+    a no-grad region or a stop-gradient branch, which eager gives no gradient): stacked, it
+    would take the stack's gradient, and weight decay and optimizer state with it."""
+    for member in cast("list[fx.Node]", pack.node.args[0]):  # (a pack's stack or cat lists nodes)
+        while isinstance(member, fx.Node) and member not in pack.params:
+            if canonical_name(member) == "detach":
+                return True
+            member = cast(fx.Node, member.args[0])  # (a whole view's input, down to the parameter)
+    return False
 
 
 def _last_dims_swapped(node: fx.Node) -> bool:

@@ -140,9 +140,12 @@ def _eps(t: torch.Tensor) -> float:
     return torch.finfo(t.dtype).eps if t.dtype in (torch.float16, torch.bfloat16) else 0.0
 
 
-def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str, atol: float = ATOL_OUT) -> None:
+def _close(
+    actual: torch.Tensor | None, expected: torch.Tensor | None, what: str, atol: float = ATOL_OUT, eps: float = 0.0
+) -> None:
     """assert_close with an absolute tolerance relative to the magnitudes; None = zeros.
-    Low-precision values get tolerances of a few roundings of their dtype."""
+    Low-precision values (or values computed through rounding ``eps``) get tolerances of a
+    few roundings of their dtype."""
     if expected is None and actual is None:
         return
     if expected is None:
@@ -150,7 +153,7 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str
     if actual is None:
         actual = torch.zeros_like(expected)
     scale = max(1.0, float(expected.detach().abs().max())) if expected.numel() else 1.0
-    eps = _eps(expected)
+    eps = max(eps, _eps(expected))
     rtol, atol = (4 * eps, 4 * eps) if eps else (RTOL, atol)
     torch.testing.assert_close(
         actual.detach(), expected.detach(), rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}"
@@ -360,7 +363,13 @@ def _compare(g: GeneratedGraph, checks: list, upstream: list, result: fx.GraphMo
             try:
                 reference = reference or _float64_reference(g, upstream)
             except RuntimeError:  # (a program eager cannot run in float64: an autocast region's)
-                raise AssertionError(f"{what}: not close, and no float64 reference to arbitrate") from None
+                if not _bf16_regions(g.gm):
+                    raise AssertionError(f"{what}: not close, and no float64 reference to arbitrate") from None
+                # its values went through bf16 ops, whose rounding a batched kernel may order
+                # otherwise: within a few of bf16's roundings (a wrong member or slice is off
+                # by the values' own size)
+                _close(a, e, what, atol, eps=torch.finfo(torch.bfloat16).eps)
+                continue
             if _no_less_accurate(a, e, reference[k]):
                 continue
             # Still further off (a reordered sum rounds differently: 2-10x eager's error was
@@ -370,6 +379,16 @@ def _compare(g: GeneratedGraph, checks: list, upstream: list, result: fx.GraphMo
                 exact = result is not None and _same_in_float64(g, result, upstream, reference)
             if not exact:
                 raise
+
+
+def _bf16_regions(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` holds an autocast region computing in bf16."""
+    return any(
+        n.op == "call_function"
+        and getattr(n.target, "__name__", "") == "_enter_autocast"
+        and n.args[1:3] == (torch.bfloat16, True)
+        for n in gm.graph.nodes
+    )
 
 
 def _same_in_float64(g: GeneratedGraph, result: fx.GraphModule, upstream: list, reference: list) -> bool:
@@ -862,12 +881,18 @@ def _is_state_node(target: Any) -> bool:
 
 def test_state_regions_match_eager() -> None:
     """Programs whose experts sit inside no_grad / autocast regions beside plain ones: outputs,
-    gradients (None for a frozen expert's parameters, as eager's) equal eager's."""
+    gradients (None for a frozen expert's parameters, as eager's) equal eager's. The regions
+    are written out (detaches, casts), so the experts batch: a region turning grad mode on is
+    all that still declines."""
+    batched = 0
     for g in _state_region_cases(5):
         try:
-            check_optimizer(optimize_graph, g, True, **_fuzz_options())
+            result = check_optimizer(optimize_graph, g, True, **_fuzz_options())
         except Exception as e:
             raise AssertionError(g.description) from e
+        report = result.meta["optimus_eqsat"]
+        batched += not report.fell_back and bool(report.batched)
+    assert batched >= 3, batched
 
 
 def _autocast_region_cases(count: int) -> list[GeneratedGraph]:

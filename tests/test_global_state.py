@@ -1,4 +1,5 @@
-"""Grad-mode and autocast regions inside a forward: never batched across, no-op regions ignored."""
+"""Grad-mode and autocast regions inside a forward: written out (casts, detaches) so their ops
+batch at their own precision and without gradients; no-op regions ignored."""
 
 from __future__ import annotations
 
@@ -51,14 +52,28 @@ def _autocast_off():
     return torch.autocast("cpu", enabled=False)
 
 
-def test_a_no_grad_region_is_not_batched_with_the_experts_that_train():
+def test_a_no_grad_regions_experts_batch_and_their_parameters_get_no_gradient():
+    """Its reads written as detaches (optimus_eqsat/no_grad_regions.py), the frozen experts batch
+    with the training ones; outputs and gradients are the graph's, and the frozen experts'
+    parameters get none, as in eager."""
     model, x = Experts(torch.no_grad), torch.randn(32, 16)
     gm, inputs = _dynamo_graph(model, x)
     changes = state_changes(gm)
     assert len(changes) == 4 and all("needs a gradient with grad mode off" in c for c in changes)  # the 4 experts
     optimized = optimize_graph(gm, mode="training")
     report = optimized.meta["optimus_eqsat"]
-    assert report.fell_back and "grad-mode or autocast regions" in report.fallback_reason
+    assert not report.fell_back and report.batched["batch-linear"] == 8, report.fallback_reason
+    assert state_changes(optimized) == []
+    (want,), (got,) = gm(*inputs), optimized(*inputs)
+    torch.testing.assert_close(got, want)
+    trained = [t for t in inputs if t.requires_grad]
+    want_grads = torch.autograd.grad(want.sum(), trained, allow_unused=True)
+    got_grads = torch.autograd.grad(got.sum(), trained, allow_unused=True)
+    assert sum(g is None for g in want_grads) == 8  # (the frozen experts' weights and biases)
+    for a, b in zip(got_grads, want_grads):
+        assert (a is None) == (b is None)
+        if b is not None:
+            torch.testing.assert_close(a, b)
 
 
 def test_the_backend_leaves_a_no_grad_regions_parameters_without_gradients():
@@ -69,7 +84,11 @@ def test_the_backend_leaves_a_no_grad_regions_parameters_without_gradients():
     torch.compile(ours, backend=backend)(x).sum().backward()
     model(x).sum().backward()
     assert [p.grad is None for p in ours.parameters()] == [p.grad is None for p in model.parameters()]
-    assert any(r.fallback_reason and "grad-mode" in r.fallback_reason for r in backend.reports)
+    for p, q in zip(model.parameters(), ours.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad)
+    report = backend.reports[0]
+    assert not report.fell_back and report.batched["batch-linear"] == 8, report.fallback_reason
 
 
 def test_an_autocast_regions_experts_batch_among_themselves_and_keep_its_precision():
@@ -172,7 +191,8 @@ def test_the_program_cache_keys_on_the_autocast_state_of_every_device():
 
 
 def test_a_region_inside_a_checkpointed_function_is_seen():
-    """The optimizer inlines checkpoint bodies; a no-grad region in one must decline too."""
+    """The optimizer inlines checkpoint bodies; a no-grad region in one is seen, and its reads
+    are detached there too."""
     from torch.utils.checkpoint import checkpoint
 
     class Checkpointed(nn.Module):
@@ -183,11 +203,21 @@ def test_a_region_inside_a_checkpointed_function_is_seen():
         def forward(self, x):
             return checkpoint(self.inner, x, use_reentrant=False)
 
-    gm, _ = _dynamo_graph(Checkpointed(), torch.randn(32, 16))
+    model = Checkpointed()
+    gm, inputs = _dynamo_graph(model, torch.randn(32, 16))
     assert any("grad mode off" in c for c in state_changes(gm))
+    optimized = optimize_graph(gm, mode="training")  # (inlined, then its reads detached)
+    report = optimized.meta["optimus_eqsat"]
+    assert not report.fell_back and report.batched["batch-linear"] == 8, report.fallback_reason
+    trained = [t for t in inputs if t.requires_grad]
+    want = torch.autograd.grad(gm(*inputs)[0].sum(), trained, allow_unused=True)
+    got = torch.autograd.grad(optimized(*inputs)[0].sum(), trained, allow_unused=True)
+    assert [g is None for g in got] == [g is None for g in want] and sum(g is None for g in want) == 8
 
 
 def test_stack_parameters_leaves_a_model_with_a_no_grad_region_alone():
+    """The program batches the frozen experts with the training ones; stacked, the frozen ones
+    would take the stack's (zero) gradient, and weight decay, where eager gives them none."""
     from optimus_eqsat import stack_parameters
     from optimus_eqsat.stacking import stacked_groups
 
@@ -287,3 +317,28 @@ def test_autocast_in_force_batches_dynamos_graph_with_its_casts_written_in():
     for p, q in zip(ours.parameters(), model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2)
     assert not backend.reports[0].fell_back and sum(backend.reports[0].batched.values())  # (Dynamo's graph)
+
+
+def test_a_no_grad_region_calling_a_module_or_left_open_is_declined():
+    """A module call's parameters are read inside it (no input to detach); a graph ending with
+    grad mode off would leave it off for the caller."""
+    from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
+    from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
+
+    for body in ("module", "open"):
+        root = nn.Module()
+        root.layer = nn.Linear(4, 4)
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        x.meta["val"] = torch.randn(2, 4, requires_grad=True)
+        graph.call_function(torch._C._set_grad_enabled, (False,))
+        y = graph.call_module("layer", (x,)) if body == "module" else graph.call_method("relu", (x,))
+        if body == "module":
+            graph.call_function(torch._C._set_grad_enabled, (True,))
+        graph.output(y)
+        try:
+            with_no_grad_regions_detached(torch.fx.GraphModule(root, graph))
+        except DeclinedGraph as exc:
+            assert ("calls a module" if body == "module" else "grad mode is off at the end") in str(exc)
+        else:
+            raise AssertionError(f"{body}: not declined")

@@ -8,9 +8,11 @@ no notion of it: a batch of linears from both sides of the boundary would comput
 no-grad members with gradients (their parameters then train) or the full-precision members
 in bfloat16, and a rebuilt node may land on the other side of a boundary. So a graph whose
 regions change the state is declined (its pieces after AOTAutograd, where the state is
-folded into the ops, are still optimized by the post-grad passes). Autocast regions are the
-exception the optimizer makes: it writes the casts they make into the graph and drops them
-(``optimus_eqsat.autocast_casts``).
+folded into the ops, are still optimized by the post-grad passes). Autocast and no-grad
+regions are the exceptions the optimizer makes: it writes the casts they make into the graph
+(``optimus_eqsat.autocast_casts``), or a no-grad region's reads as detaches
+(``optimus_eqsat.no_grad_regions``), and drops them. A region turning grad mode on, and
+inference mode, still decline.
 
 A region that sets the state already in force is no change and does not decline: Hugging
 Face's rotary embeddings run under ``torch.autocast(enabled=False)``, a no-op unless the
@@ -93,11 +95,13 @@ def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
     return node.kwargs.get(name, default)
 
 
-def state_changes(gm: torch.fx.GraphModule, grad: bool = True, autocast: bool = True) -> list[str]:
-    """The nodes of ``gm`` that change the grad mode (``grad``) or an autocast state in force
-    (``autocast``) from the state the graph runs under on, each as ``"name: what"``; the bodies
-    of higher-order ops (a checkpointed function's, which the optimizer inlines) are walked
-    where they are called.
+def state_changes(
+    gm: torch.fx.GraphModule, grad: bool = True, autocast: bool = True, no_grad: bool = True
+) -> list[str]:
+    """The nodes of ``gm`` that change the grad mode (``no_grad``: turned off, ``grad``: turned
+    on or inference mode) or an autocast state in force (``autocast``) from the state the graph
+    runs under on, each as ``"name: what"``; the bodies of higher-order ops (a checkpointed
+    function's, which the optimizer inlines) are walked where they are called.
 
     Grad mode turned off counts only where an op inside the region reads a value that needs a
     gradient: without one, the region computes what it would with grad mode on (Hugging Face's
@@ -106,7 +110,7 @@ def state_changes(gm: torch.fx.GraphModule, grad: bool = True, autocast: bool = 
     input of unknown kind counts as needing one) and carried through the ops."""
     changes: list[tuple[str, str]] = []  # (kind, change)
     _walk(gm, gm.graph, _State.current(), changes, {})
-    kinds = {kind for kind, wanted in (("grad", grad), ("autocast", autocast)) if wanted}
+    kinds = {kind for kind, wanted in (("grad", grad), ("autocast", autocast), ("no_grad", no_grad)) if wanted}
     return [change for kind, change in changes if kind in kinds]
 
 
@@ -158,7 +162,7 @@ def _walk(
         name = target_name(node.target) if node.op != "call_module" else ""
         needs_grad[node] = state.grad and reads_grad and name != "detach"
         if grad_at_start and not state.grad and reads_grad and name not in STATE_SWITCHES:
-            changes.append(("grad", f"{node.name}: reads a value that needs a gradient with grad mode off"))
+            changes.append(("no_grad", f"{node.name}: reads a value that needs a gradient with grad mode off"))
         if node.op != "call_function":
             continue
         for arg in node.args:
@@ -232,12 +236,13 @@ def _cast_when_run(node: torch.fx.Node) -> bool:
     return getattr(node.target, "__module__", None) not in ("_operator", "operator", "builtins", "math")
 
 
-def decline_state_changes(gm: torch.fx.GraphModule, autocast: bool = True) -> None:
-    """Raise :class:`DeclinedGraph` when a region of ``gm`` runs under another grad mode or
-    (``autocast``) autocast state than the rest (see the module docstring). (The optimizer
-    writes autocast's casts into the graph instead, for the autocast in force and for its
-    regions alike: ``optimus_eqsat.autocast_casts``.)"""
-    changes = state_changes(gm, autocast=autocast)
+def decline_state_changes(gm: torch.fx.GraphModule, autocast: bool = True, no_grad: bool = True) -> None:
+    """Raise :class:`DeclinedGraph` when a region of ``gm`` runs under another grad mode
+    (``no_grad``: a no-grad region) or (``autocast``) autocast state than the rest (see the
+    module docstring). (The optimizer writes autocast's casts into the graph instead, for the
+    autocast in force and for its regions alike, ``optimus_eqsat.autocast_casts``, and a
+    no-grad region's reads as detaches, ``optimus_eqsat.no_grad_regions``.)"""
+    changes = state_changes(gm, autocast=autocast, no_grad=no_grad)
     if changes:
         raise DeclinedGraph(
             f"grad-mode or autocast regions in the graph ({'; '.join(changes[:4])}): ops on both sides "
