@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from optimus_eqsat.checkpoint_regions import inline_checkpoints
 from optimus_eqsat.fx_graphs import copy_module
@@ -54,10 +55,14 @@ def with_no_grad_regions_detached(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
             value = meta_value(source)
             if value is None:
                 raise DeclinedGraph(f"a no-grad region reads {source.name}, whose value the graph's meta does not say")
-            if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
-                if source not in detached:
-                    detached[source] = detach_after(graph, source)
-                node.replace_input_with(source, detached[source])
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point() or value.is_complex():
+                    if source not in detached:
+                        detached[source] = detach_after(graph, source)
+                    node.replace_input_with(source, detached[source])
+            elif any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value)):
+                # (a ``getitem`` of a tuple made outside: its tensors cannot be detached one by one here)
+                raise DeclinedGraph(f"a no-grad region reads {source.name}, a collection of tensors: left as it is")
     if not grad:
         raise DeclinedGraph("grad mode is off at the end of the graph: left as it is")
     for node in [n for n in graph.nodes if n.op == "call_function" and target_name(n.target) == _SWITCH]:

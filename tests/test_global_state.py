@@ -4,6 +4,7 @@ batch at their own precision and without gradients; no-op regions ignored."""
 from __future__ import annotations
 
 import copy
+import operator
 
 import torch
 from torch import nn
@@ -319,26 +320,39 @@ def test_autocast_in_force_batches_dynamos_graph_with_its_casts_written_in():
     assert not backend.reports[0].fell_back and sum(backend.reports[0].batched.values())  # (Dynamo's graph)
 
 
-def test_a_no_grad_region_calling_a_module_or_left_open_is_declined():
+def test_a_no_grad_region_calling_a_module_reading_a_tuple_or_left_open_is_declined():
     """A module call's parameters are read inside it (no input to detach); a graph ending with
-    grad mode off would leave it off for the caller."""
+    grad mode off would leave it off for the caller; a tuple's tensors read through a
+    ``getitem`` in the region cannot be detached as one input."""
     from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
     from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
 
-    for body in ("module", "open"):
+    for body in ("module", "open", "tuple"):
         root = nn.Module()
         root.layer = nn.Linear(4, 4)
         graph = torch.fx.Graph()
         x = graph.placeholder("x")
         x.meta["val"] = torch.randn(2, 4, requires_grad=True)
+        pieces = graph.call_method("chunk", (x, 2))
+        pieces.meta["val"] = x.meta["val"].chunk(2)
         graph.call_function(torch._C._set_grad_enabled, (False,))
-        y = graph.call_module("layer", (x,)) if body == "module" else graph.call_method("relu", (x,))
         if body == "module":
+            y = graph.call_module("layer", (x,))
+        elif body == "tuple":
+            y = graph.call_function(operator.getitem, (pieces, 0))
+        else:
+            y = graph.call_method("relu", (x,))
+        if body != "open":
             graph.call_function(torch._C._set_grad_enabled, (True,))
         graph.output(y)
         try:
             with_no_grad_regions_detached(torch.fx.GraphModule(root, graph))
         except DeclinedGraph as exc:
-            assert ("calls a module" if body == "module" else "grad mode is off at the end") in str(exc)
+            want = {
+                "module": "calls a module",
+                "open": "grad mode is off at the end",
+                "tuple": "a collection of tensors",
+            }
+            assert want[body] in str(exc)
         else:
             raise AssertionError(f"{body}: not declined")
