@@ -35,6 +35,7 @@ from optimus_eqsat.fxvocab.names import call_name, canonical_name, op_label, tar
 from optimus_eqsat.fxvocab.ops import (
     ALIASING_OPS,
     ALLOCATION_OPS,
+    CAST_OPS,
     CAT_OPS,
     EXPAND_OPS,
     FAST_META_VIEW_FUNCTIONS,
@@ -82,6 +83,7 @@ __all__ = [
     "RANDOM_OPS",
     "REDUCTION_OPS",
     "RESHAPE_OPS",
+    "CAST_OPS",
     "VIEW_OPS",
     "WHOLE_VIEW_OPS",
     "module_kind",

@@ -81,6 +81,11 @@ WHOLE_VIEW_OPS = RESHAPE_OPS | _ATEN_RESHAPE_OPS | _SAME_VIEW_OPS | frozenset({"
 # Ops whose result may alias an input, for mutation analysis: views, and
 # dropout, which returns its input in eval mode.
 ALIASING_OPS = VIEW_OPS | {"dropout"}
+# Dtype conversions: pointwise, and fused by Inductor into the kernel that reads them.
+CAST_OPS = frozenset(
+    {"to", "type", "type_as", "float", "half", "bfloat16", "double", "int", "long", "bool", "_to_copy"}
+    | {"convert_element_type"}
+)
 
 # Allocations launch nothing by themselves (their writers do).
 ALLOCATION_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
