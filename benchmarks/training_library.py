@@ -107,6 +107,27 @@ def builders(source: str) -> dict[str, Callable[[int], Case]]:
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class AutocastInside(torch.nn.Module):
+    """``model`` called under ``torch.autocast`` entered inside the compiled forward (a region
+    of Dynamo's graph, as in a training step that enters it itself)."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, *inputs: Any) -> Any:
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.model(*inputs)
+
+
+def _autocast_inside(build: Callable[[int], Case], dtype: torch.dtype) -> Callable[[int], Case]:
+    def wrapped(batch: int) -> Case:
+        model, inputs = build(batch)
+        return AutocastInside(model, dtype), inputs
+
+    return wrapped
+
+
 def count_launches(build: Callable[[int], Case], config: str, batch: int) -> tuple[int, int]:
     """(kernels of one training step under ``config``, nodes our passes gave a batched alternative in
     the e-graph, whether extraction kept it or not: 0 for Inductor's)."""
@@ -219,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("bf16", "fp16"),
         help="count and time every model under torch.autocast('cpu', dtype) around the call",
     )
+    parser.add_argument(
+        "--autocast-inside",
+        action="store_true",
+        help="with --autocast: enter it inside the compiled forward instead (a region of Dynamo's graph)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-rounds", type=int, default=15)
     parser.add_argument("--max-timing-s", type=float, default=40.0, help="no round starts after this, per case")
@@ -229,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the rows (and commands) of an earlier run into --out; its models are not rerun",
     )
     args = parser.parse_args(argv)
+    if args.autocast_inside and not args.autocast:
+        parser.error("--autocast-inside needs --autocast")
     torch.set_num_threads(args.threads)
     cases = builders(args.source)
     default = STYLE_MODELS if args.source == "style" else LIBRARY_MODELS
@@ -246,14 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.threads} thread(s), default backend (measured choice on) against Inductor, interleaved rounds; "
         "ratio = median of per-round ratios [p10, p90]."
     )
-    if args.autocast:
+    if args.autocast and args.autocast_inside:
+        note += (
+            f" Every model's forward entering `torch.autocast('cpu', dtype={AUTOCAST_DTYPES[args.autocast]})` itself."
+        )
+        cases = {n: _autocast_inside(build, AUTOCAST_DTYPES[args.autocast]) for n, build in cases.items()}
+    elif args.autocast:
         note += f" Everything under `torch.autocast('cpu', dtype={AUTOCAST_DTYPES[args.autocast]})` around the call."
     for name in names:
         row: dict[str, Any] = {"model": name}
         rows.append(row)
-        autocast = (
-            torch.autocast("cpu", dtype=AUTOCAST_DTYPES[args.autocast]) if args.autocast else contextlib.nullcontext()
-        )
+        around = args.autocast and not args.autocast_inside
+        autocast = torch.autocast("cpu", dtype=AUTOCAST_DTYPES[args.autocast]) if around else contextlib.nullcontext()
         try:
             with autocast:
                 for config in COUNTS:
