@@ -155,8 +155,8 @@ class OptimizationRun:
         rulesets: Sequence[rewrites.RuleSet] | None = None,
     ):
         self.gm, self.example_inputs = gm, example_inputs
-        # what is translated: ``gm``, with autocast's casts written in when it is in force
-        # or the graph has autocast regions
+        # what is translated: ``gm``, its no-grad regions' reads detached and autocast's casts
+        # written in (for autocast in force and for autocast regions) where it has them
         self.source: torch.fx.GraphModule = gm
         self.autocast: list[tuple[str, torch.dtype]] = []
         self.autocast_off = False  # whether the rebuilt graph runs with the autocast in force off
