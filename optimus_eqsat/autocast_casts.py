@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from optimus_eqsat.checkpoint_regions import inline_checkpoints, region_tags
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import fetch_attr, meta_value
+from optimus_eqsat.fxvocab.global_state import switch_arg
 from optimus_eqsat.fxvocab.names import target_name
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.rebuild import propagate_meta
@@ -87,7 +88,7 @@ class _Simulator:
         self.root = root
         self.state: dict[str, torch.dtype | None] = dict(states)  # device -> dtype (None: off)
         self.devices = set(self.state) | {
-            str(_arg(node, 0, "device_type", "cuda")) for node in root.graph.nodes if _is_switch(node, _ENTER)
+            str(switch_arg(node, 0, "device_type", "cuda")) for node in root.graph.nodes if _is_switch(node, _ENTER)
         }
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.values: dict[torch.fx.Node, Any] = {}
@@ -99,8 +100,9 @@ class _Simulator:
         for node in list(self.root.graph.nodes):
             if _is_switch(node, _ENTER):
                 outer.append(dict(self.state))
-                device, enabled = str(_arg(node, 0, "device_type", "cuda")), bool(_arg(node, 2, "enabled", True))
-                dtype = _arg(node, 1, "dtype", None) or self.state.get(device) or torch.get_autocast_dtype(device)
+                device = str(switch_arg(node, 0, "device_type", "cuda"))
+                enabled = bool(switch_arg(node, 2, "enabled", True))
+                dtype = switch_arg(node, 1, "dtype", None) or self.state.get(device) or torch.get_autocast_dtype(device)
                 self.state[device] = dtype if enabled else None
             elif _is_switch(node, _EXIT):
                 if not outer:
@@ -280,12 +282,6 @@ def _drop_autocast_regions(graph: torch.fx.Graph) -> None:
         if node.users:  # (the region's context object read by something else than its exit)
             raise DeclinedGraph(f"{node.name}'s autocast context is read by {next(iter(node.users)).name}")
         graph.erase_node(node)
-
-
-def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
 
 
 def _dtypes(value: Any) -> Any:

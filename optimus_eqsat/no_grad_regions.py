@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from optimus_eqsat.checkpoint_regions import inline_checkpoints
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import meta_value, target_name
+from optimus_eqsat.fxvocab.global_state import switch_arg
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.keep_gradients import detach_after
 
@@ -42,7 +43,7 @@ def with_no_grad_regions_detached(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
     detached: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in list(graph.nodes):
         if node.op == "call_function" and target_name(node.target) == _SWITCH:
-            grad = bool(node.args[0] if node.args else node.kwargs.get("mode", True))
+            grad = bool(switch_arg(node, 0, "mode", True))
             continue
         if grad or node.op not in ("call_function", "call_method", "call_module"):
             continue

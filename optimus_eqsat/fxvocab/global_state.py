@@ -89,7 +89,9 @@ def traced_state() -> tuple[Any, ...]:
     return (state.grad, tuple((d, enabled, str(dtype)) for d, enabled, dtype in state.autocast))
 
 
-def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+def switch_arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+    """Argument ``index`` (keyword ``name``) of a state switch's call (``_set_grad_enabled``,
+    ``_enter_autocast``), ``default`` where the call leaves it out."""
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
@@ -170,19 +172,19 @@ def _walk(
             if body is not None:
                 _walk(root, body.graph, state, changes, {})
         if name == "_set_grad_enabled":
-            enabled = bool(_arg(node, 0, "mode", True))
+            enabled = bool(switch_arg(node, 0, "mode", True))
             if enabled and not state.grad and not grad_at_start:
                 changes.append(("grad", f"{node.name}: grad mode on"))
             state = replace(state, grad=enabled)
         elif name in ("_enter_autocast", "_enter_inference_mode"):
             saved.append(state)
             if name == "_enter_inference_mode":
-                if _arg(node, 0, "mode", True):
+                if switch_arg(node, 0, "mode", True):
                     changes.append(("grad", f"{node.name}: inference mode"))
                 continue
-            device = str(_arg(node, 0, "device_type", "cuda"))
-            enabled = bool(_arg(node, 2, "enabled", True))
-            dtype = _arg(node, 1, "dtype", None)
+            device = str(switch_arg(node, 0, "device_type", "cuda"))
+            enabled = bool(switch_arg(node, 2, "enabled", True))
+            dtype = switch_arg(node, 1, "dtype", None)
             if enabled and dtype is None:
                 dtype = torch.get_autocast_dtype(device) if device in _DEVICES else None
             before = state.autocast_of(device)
