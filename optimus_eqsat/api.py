@@ -24,7 +24,12 @@ from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
 from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
 from optimus_eqsat.fxvocab import flat_example_inputs, target_name
-from optimus_eqsat.fxvocab.global_state import ambient_autocast, decline_state_changes, state_changes
+from optimus_eqsat.fxvocab.global_state import (
+    ambient_autocast,
+    decline_state_changes,
+    state_changes,
+    state_changes_by_kind,
+)
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
@@ -183,11 +188,12 @@ class OptimizationRun:
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
             decline_data_dependent_sizes(self.gm)
-            decline_state_changes(self.gm, autocast=False, no_grad=False)
-            if state_changes(self.gm, grad=False, autocast=False):  # (ops in no-grad regions)
+            regions = state_changes_by_kind(self.gm)
+            decline_state_changes([change for kind, change in regions if kind == "grad"])
+            if any(kind == "no_grad" for kind, _ in regions):  # (ops in no-grad regions)
                 self.source = with_no_grad_regions_detached(self.gm)
             self.autocast = ambient_autocast(self.gm)
-            if self.autocast or state_changes(self.gm, grad=False, no_grad=False):
+            if self.autocast or any(kind == "autocast" for kind, _ in regions):
                 # the e-graph's equalities hold for ops autocast leaves alone
                 explicit = with_explicit_casts(self.source, self.autocast)
                 self.source, self.autocast_off = explicit.gm, explicit.needs_autocast_off

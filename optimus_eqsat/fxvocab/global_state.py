@@ -25,6 +25,7 @@ under and guards on (its tracing context's), else the caller's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -110,10 +111,17 @@ def state_changes(
     ``@torch.no_grad()`` rotary embedding reads position ids and a buffer). Whether a value
     needs a gradient is read off the inputs (a placeholder's meta value or a parameter; an
     input of unknown kind counts as needing one) and carried through the ops."""
-    changes: list[tuple[str, str]] = []  # (kind, change)
-    _walk(gm, gm.graph, _State.current(), changes, {})
     kinds = {kind for kind, wanted in (("grad", grad), ("autocast", autocast), ("no_grad", no_grad)) if wanted}
-    return [change for kind, change in changes if kind in kinds]
+    return [change for kind, change in state_changes_by_kind(gm) if kind in kinds]
+
+
+def state_changes_by_kind(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """:func:`state_changes` of every kind, in the graph's order, each as ``(kind, change)``:
+    ``"no_grad"``, ``"grad"`` or ``"autocast"`` (one walk, for a caller that treats each kind
+    its own way)."""
+    changes: list[tuple[str, str]] = []
+    _walk(gm, gm.graph, _State.current(), changes, {})
+    return changes
 
 
 def _needs_grad_at_input(root: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
@@ -238,13 +246,12 @@ def _cast_when_run(node: torch.fx.Node) -> bool:
     return getattr(node.target, "__module__", None) not in ("_operator", "operator", "builtins", "math")
 
 
-def decline_state_changes(gm: torch.fx.GraphModule, autocast: bool = True, no_grad: bool = True) -> None:
-    """Raise :class:`DeclinedGraph` when a region of ``gm`` runs under another grad mode
-    (``no_grad``: a no-grad region) or (``autocast``) autocast state than the rest (see the
-    module docstring). (The optimizer writes autocast's casts into the graph instead, for the
-    autocast in force and for its regions alike, ``optimus_eqsat.autocast_casts``, and a
-    no-grad region's reads as detaches, ``optimus_eqsat.no_grad_regions``.)"""
-    changes = state_changes(gm, autocast=autocast, no_grad=no_grad)
+def decline_state_changes(changes: Sequence[str]) -> None:
+    """Raise :class:`DeclinedGraph` when ``changes`` (of :func:`state_changes`) holds any: a
+    region runs under another state than the rest (see the module docstring). (The optimizer
+    passes only grad mode turned on and inference mode: it writes autocast's casts into the
+    graph, for the autocast in force and for its regions alike, ``optimus_eqsat.autocast_casts``,
+    and a no-grad region's reads as detaches, ``optimus_eqsat.no_grad_regions``.)"""
     if changes:
         raise DeclinedGraph(
             f"grad-mode or autocast regions in the graph ({'; '.join(changes[:4])}): ops on both sides "
