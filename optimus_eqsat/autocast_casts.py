@@ -43,8 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from optimus_eqsat.checkpoint_regions import inline_checkpoints, region_tags
 from optimus_eqsat.fx_graphs import copy_module
 from optimus_eqsat.fxvocab import fetch_attr, meta_value
-from optimus_eqsat.fxvocab.global_state import switch_arg
-from optimus_eqsat.fxvocab.names import target_name
+from optimus_eqsat.fxvocab.global_state import is_switch, switch_arg
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.rebuild import propagate_meta
 
@@ -71,10 +70,6 @@ class _CastRecorder(TorchDispatchMode):
 _ENTER, _EXIT = "_enter_autocast", "_exit_autocast"
 
 
-def _is_switch(node: torch.fx.Node, *names: str) -> bool:
-    return node.op == "call_function" and target_name(node.target) in names
-
-
 class _Simulator:
     """Runs a graph's nodes in order on static fake tensors (the inputs' from their meta, every
     other value its own op's result under autocast, so a graph whose meta was made without
@@ -88,7 +83,7 @@ class _Simulator:
         self.root = root
         self.state: dict[str, torch.dtype | None] = dict(states)  # device -> dtype (None: off)
         self.devices = set(self.state) | {
-            str(switch_arg(node, 0, "device_type", "cuda")) for node in root.graph.nodes if _is_switch(node, _ENTER)
+            str(switch_arg(node, 0, "device_type", "cuda")) for node in root.graph.nodes if is_switch(node, _ENTER)
         }
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.values: dict[torch.fx.Node, Any] = {}
@@ -98,17 +93,17 @@ class _Simulator:
         (and the dtype each is cast to). Raises :class:`_Unknown` where it cannot tell."""
         outer: list[dict[str, torch.dtype | None]] = []  # the states the open regions replaced
         for node in list(self.root.graph.nodes):
-            if _is_switch(node, _ENTER):
+            if is_switch(node, _ENTER):
                 outer.append(dict(self.state))
                 device = str(switch_arg(node, 0, "device_type", "cuda"))
                 enabled = bool(switch_arg(node, 2, "enabled", True))
                 dtype = switch_arg(node, 1, "dtype", None) or self.state.get(device) or torch.get_autocast_dtype(device)
                 self.state[device] = dtype if enabled else None
-            elif _is_switch(node, _EXIT):
+            elif is_switch(node, _EXIT):
                 if not outer:
                     raise _Unknown(f"{node.name} closes an autocast region the graph does not open")
                 self.state = outer.pop()
-            elif _is_switch(node, "_set_grad_enabled"):
+            elif is_switch(node, "_set_grad_enabled"):
                 continue  # (grad mode changes no dtype; run, it would switch the caller's)
             elif node.op == "placeholder":
                 value = meta_value(node)
@@ -276,9 +271,9 @@ def without_autocast(gm: torch.fx.GraphModule, devices: Sequence[str]) -> None:
 def _drop_autocast_regions(graph: torch.fx.Graph) -> None:
     """Erases the graph's ``_enter_autocast`` / ``_exit_autocast`` nodes (their casts written
     out, the regions change nothing)."""
-    for node in [n for n in graph.nodes if _is_switch(n, _EXIT)]:
+    for node in [n for n in graph.nodes if is_switch(n, _EXIT)]:
         graph.erase_node(node)
-    for node in [n for n in graph.nodes if _is_switch(n, _ENTER)]:
+    for node in [n for n in graph.nodes if is_switch(n, _ENTER)]:
         if node.users:  # (the region's context object read by something else than its exit)
             raise DeclinedGraph(f"{node.name}'s autocast context is read by {next(iter(node.users)).name}")
         graph.erase_node(node)

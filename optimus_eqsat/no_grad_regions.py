@@ -20,8 +20,8 @@ import torch.utils._pytree as pytree
 
 from optimus_eqsat.checkpoint_regions import inline_checkpoints
 from optimus_eqsat.fx_graphs import copy_module
-from optimus_eqsat.fxvocab import meta_value, target_name
-from optimus_eqsat.fxvocab.global_state import switch_arg
+from optimus_eqsat.fxvocab import meta_value
+from optimus_eqsat.fxvocab.global_state import is_switch, switch_arg
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph
 from optimus_eqsat.keep_gradients import detach_after
 
@@ -42,7 +42,7 @@ def with_no_grad_regions_detached(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
     grad, made_without_grad = True, set()
     detached: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in list(graph.nodes):
-        if node.op == "call_function" and target_name(node.target) == _SWITCH:
+        if is_switch(node, _SWITCH):
             grad = bool(switch_arg(node, 0, "mode", True))
             continue
         if grad or node.op not in ("call_function", "call_method", "call_module"):
@@ -66,7 +66,7 @@ def with_no_grad_regions_detached(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
                 raise DeclinedGraph(f"a no-grad region reads {source.name}, a collection of tensors: left as it is")
     if not grad:
         raise DeclinedGraph("grad mode is off at the end of the graph: left as it is")
-    for node in [n for n in graph.nodes if n.op == "call_function" and target_name(n.target) == _SWITCH]:
+    for node in [n for n in graph.nodes if is_switch(n, _SWITCH)]:
         graph.erase_node(node)
     result.recompile()
     return result

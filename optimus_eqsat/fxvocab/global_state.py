@@ -90,6 +90,11 @@ def traced_state() -> tuple[Any, ...]:
     return (state.grad, tuple((d, enabled, str(dtype)) for d, enabled, dtype in state.autocast))
 
 
+def is_switch(node: torch.fx.Node, *names: str) -> bool:
+    """Whether ``node`` calls one of the state switches ``names`` (``_set_grad_enabled``, ...)."""
+    return node.op == "call_function" and target_name(node.target) in names
+
+
 def switch_arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
     """Argument ``index`` (keyword ``name``) of a state switch's call (``_set_grad_enabled``,
     ``_enter_autocast``), ``default`` where the call leaves it out."""
