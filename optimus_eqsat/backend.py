@@ -35,6 +35,7 @@ from optimus_eqsat.inductor_compat import (
     backwards_lowered_with_forwards,
     first_line,
     inductor_patches,
+    install_sparse_gradient_fix,
     is_dynamo_signal,
     is_graph_break_request,
     lifted_float_inputs,
@@ -123,6 +124,7 @@ class OptimusBackend:
 
     def __init__(self, own: BackendOptions, options: dict[str, Any]):
         self.own = own
+        install_sparse_gradient_fix()  # (a sparse embedding's backward compiles; inductor_compat)
         options.setdefault("cached_parameters", own.cache_parameters)
         self.scaled_budget = "time_limit_s" not in options  # the default budget grows with each graph
         options.setdefault("raise_on_error", False)  # never crash inside a user's compile

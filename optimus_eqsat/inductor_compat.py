@@ -32,6 +32,16 @@ the backend needs under DDP) is compiled donating, and every later
 ``backward(retain_graph=True)`` then fails ("compiled with non-empty donated buffers"),
 where Inductor alone runs it (multi-task gradients under DDP). Such backwards are
 compiled without donated buffers (:func:`backwards_lowered_with_forwards`).
+
+Sparse gradients. An embedding with ``sparse=True`` has a sparse gradient, a tensor
+without storage. After a pass edits a backward graph, Inductor (torch 2.13,
+``FakeTensorUpdater.incremental_update``) re-propagates the fake tensors downstream of
+the edit and compares each new one with the old one by storage, which a sparse tensor
+cannot give ("Cannot access storage of SparseTensorImpl"): any backward with a view
+scatter (the gradient of a slice, which batching makes often) upstream of a sparse
+gradient fails to compile, with Inductor alone too. :func:`install_sparse_gradient_fix`
+gives such tensors their own identity instead of a storage, so they compare as changed
+and get their new fake value.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ __all__ = [
     "INDUCTOR_PATCHES",
     "inductor_patches",
     "turn_off_inplace_buffers",
+    "install_sparse_gradient_fix",
 ]
 
 #: Inductor config for the programs we compile (see the module docstring).
@@ -89,6 +100,31 @@ def backwards_lowered_with_forwards() -> Iterator[None]:
         if hasattr(graph_compile, "collect_bw_donated_buffer_idxs"):
             stack.enter_context(mock.patch.object(graph_compile, "collect_bw_donated_buffer_idxs", _no_donation))
         yield
+
+
+def install_sparse_gradient_fix() -> bool:
+    """Let Inductor's fake-tensor updater compare tensors without storage (see the module
+    docstring), once per process; False where this torch has no such updater. Installed for
+    the process, not around our compiles alone: a backward compiled lazily, at the user's
+    first ``backward()``, is compiled outside them."""
+    try:
+        from torch._inductor import fx_utils
+    except ImportError:
+        return False
+    storage_of = getattr(fx_utils, "get_storage", None)
+    if storage_of is None:
+        return False
+    if getattr(storage_of, "_optimus_eqsat_wrapped", False):
+        return True
+
+    def get_storage(t: torch.Tensor) -> int:
+        if not torch._C._has_storage(t):  # a sparse tensor: no storage to share, so its own
+            return id(t)
+        return storage_of(t)
+
+    get_storage._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
+    fx_utils.get_storage = get_storage
+    return True
 
 
 def _no_donation(*args: object, **kwargs: object) -> list[int]:
