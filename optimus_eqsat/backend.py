@@ -84,9 +84,10 @@ def make_backend(**options: Any) -> OptimusBackend:
       ``min_gain`` of the predicted step (a backward graph's gain counts against its
       forward's time too);
     - ``measure_budget_s`` (default 1.0): seconds of interleaved timing;
-    - ``memory_slack`` (default ``(1.05, 65536)``): the measured choice keeps a faster program
+    - ``memory_slack`` (default ``(1.05, 1 << 20)``): the measured choice keeps a faster program
       only when its peak memory (inputs and parameters included) stays within this factor of
-      the original's plus these bytes; ``(1.5, 1 << 20)``, say, trades more memory for speed;
+      the original's plus these bytes; ``(1.5, 4 << 20)``, say, trades more memory
+      for speed, ``(1.0, 0)`` allows none;
     - ``pre_grad=True``: optimize Dynamo's graph before AOTAutograd;
     - ``post_grad=True``: optimize the aten graphs Inductor compiles, forward and
       backward (Inductor's ``post_grad_custom_pre_pass``, patched around our compile

@@ -50,6 +50,22 @@ def test_a_faster_candidate_that_needs_more_memory_is_not_kept():
     assert traded.kept == "optimized"
 
 
+def test_a_faster_candidate_of_a_small_step_keeps_its_speed_for_kilobytes():
+    """A step whose peak is a few hundred KiB (a small model at batch 32) is not held to 5% of
+    it: tens of KiB more cannot cost a user a batch size, where 6% of the step's time is theirs."""
+    rounds = _rounds([1.0] * 9, [0.94] * 9)
+    small = choose(rounds, "original", "optimized", peak_bytes={"original": 70 << 10, "optimized": 160 << 10})
+    assert small.kept == "optimized"
+    strict = choose(
+        rounds,
+        "original",
+        "optimized",
+        peak_bytes={"original": 70 << 10, "optimized": 160 << 10},
+        memory_slack=(1.0, 0),
+    )
+    assert strict.kept == "original" and strict.reason == "more peak memory"
+
+
 def test_backend_checks_memory_slack_when_made():
     import pytest
 
