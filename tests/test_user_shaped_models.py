@@ -10,7 +10,8 @@ triu-index interactions, masked softmax over padded sequences, Dice (an affine-f
 on a transposed 3-d input), stacked expert parameters with topk / scatter / index_add, batch
 norms without affine parameters or running statistics, LayerNorm without affine parameters,
 forward hooks and pre-hooks, in-place ``+=`` / ``relu_``, frozen embeddings, dict and tuple
-outputs, a train -> serve -> train cycle, a dynamic batch size, an HSTU-style generative
+outputs, the loss computed inside the forward (labels as an input, a label-statistics buffer and a
+step counter written in place, a tower called twice), a train -> serve -> train cycle, a dynamic batch size, an HSTU-style generative
 recommender (joint U/V/Q/K linear, relative-position bias, SiLU attention, tied output
 embedding) and torchrec's mixture of low-rank cross-net experts (experts reading one input).
 """
@@ -80,6 +81,7 @@ CASES = {
     "mmoe_bn_no_running_stats": (lambda: um.NormMMOE("notrack"), um.dense_batches),
     "hooks_and_inplace": (um.HookedMMOE, um.dense_batches),
     "frozen_embeddings_dict": (um.FrozenTowers, um.id_batches),
+    "loss_inside_tied_towers": (um.LossInsideTowers, um.labelled_batches),
     "wide_deep_inplace": (um.WideDeep, um.wide_deep_batches),
     "hstu_generative": (um.HSTU, um.hstu_batches),
     "mixture_cross_net": (um.MixtureCrossNet, um.cross_batches),

@@ -1,6 +1,7 @@
 """Small recommendation models written as users and their libraries write them (torchrec's DLRM,
 deepctr's DIN with Dice, Hugging Face's stacked-expert MoE, rechub's MMOE with every kind of
-batch norm, forward hooks and in-place ops, frozen embeddings, dict outputs, an HSTU-style generative
+batch norm, forward hooks and in-place ops, frozen embeddings, dict outputs, the loss computed in the
+forward with buffers it writes, an HSTU-style generative
 recommender, torchrec's mixture of low-rank cross-net experts), with batches.
 ``tests/test_user_shaped_models.py`` trains them through the backend against eager."""
 
@@ -205,6 +206,41 @@ class FrozenTowers(nn.Module):
 
 def id_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
     return [(torch.randint(0, 30, (batch, 4)),) for _ in range(n)]
+
+
+class LossInsideTowers(nn.Module):
+    """Task towers (Linear -> BatchNorm1d -> ReLU -> Dropout) whose forward takes the labels and
+    returns the loss in a dict, as trainers built around ``model(batch)["loss"]`` write it: a
+    buffer tracking the labels' running mean and a step counter, both written in place in
+    training; one tower shared by two tasks (a tied tower, called twice) and one called a second
+    time on a shifted input."""
+
+    def __init__(self, width: int = 10, hidden: int = 32, tasks: int = 4):
+        super().__init__()
+
+        def tower() -> nn.Module:
+            return nn.Sequential(
+                nn.Linear(width, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(0.0), nn.Linear(hidden, 1)
+            )
+
+        self.shared = tower()
+        self.towers = nn.ModuleList(tower() for _ in range(tasks - 2))
+        self.register_buffer("label_mean", torch.zeros(tasks))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, labels):
+        logits = torch.cat(
+            [self.shared(x), self.shared(x * 2)] + [t(x) for t in self.towers] + [self.towers[0](x + 1)], 1
+        )[:, : labels.shape[1]]
+        if self.training:
+            self.label_mean.mul_(0.9).add_(0.1 * labels.mean(0))
+            self.steps += 1
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        return {"loss": loss, "ctr": torch.sigmoid(logits[:, 0]), "prior": self.label_mean.sum()}
+
+
+def labelled_batches(n: int = 3, batch: int = BATCH) -> list[tuple]:
+    return [(torch.randn(batch, 10), torch.randint(0, 2, (batch, 4)).float()) for _ in range(n)]
 
 
 class WideDeep(nn.Module):
