@@ -42,11 +42,14 @@ all norms whose statistics nothing else reads are three foreach ops at the end o
 graph (scale by ``1 - momentum``, add ``momentum`` times the batch mean, and the batch's
 unbiased variance), and their ``num_batches_tracked += 1`` one ``torch._foreach_add_``:
 Inductor runs each as one kernel, wherever the optimizer computes the statistics.
-Norms of inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with static
-sizes, a constant momentum and eps, and statistics and affine parameters of the input's
+Norms of inputs of rank 2 (batch, channels) and 3 (batch, channels, length) with a static
+channel count, a constant momentum and eps, and statistics and affine parameters of the input's
 dtype (or float32 ones of a bf16 or float16 input, as autocast leaves a norm: then computed
 in float32 and cast back, as eager's kernel computes) are decomposed when another norm of the
 same input shape could batch with them (alone, Inductor's own norm has the cheaper backward).
+Under a symbolic batch (or length) ``n / (n - 1)`` is no number: the running variance then
+takes the batch's unbiased variance, a second ``var_mean`` of the input (``correction=1``)
+that Inductor computes in the same reduction.
 """
 
 from __future__ import annotations
@@ -92,10 +95,15 @@ def _training_decomposable(node: torch.fx.Node) -> dict[str, Any] | None:
     if not isinstance(args["eps"], (int, float)) or not isinstance(args["momentum"], (int, float)):
         return None
     out = _shape_dtype(node)
-    if out is None or len(out[0]) not in (2, 3) or not all(isinstance(d, int) for d in out[0]):
+    if out is None or len(out[0]) not in (2, 3) or not isinstance(out[0][1], int):
         return None
     shape, dtype = out
-    if _per_channel_count(shape) < 2:  # eager raises on one value per channel
+    if not all(isinstance(d, (int, torch.SymInt)) for d in shape):
+        return None
+    # Eager raises on one value per channel. (A symbolic size is never 0 or 1: Dynamo
+    # specializes those, so a symbolic count is at least 2; comparing it would add a guard.)
+    count = _per_channel_count(shape)
+    if count is not None and count < 2:
         return None
     stats = (args["running_mean"], args["running_var"])
     if (stats[0] is None) != (stats[1] is None):
@@ -110,6 +118,18 @@ def _training_decomposable(node: torch.fx.Node) -> dict[str, Any] | None:
     if not (found <= {((shape[1],), dtype)} or mixed):
         return None
     return args
+
+
+def _static(shape: tuple) -> bool:
+    """Whether every size of ``shape`` is a plain int."""
+    return all(isinstance(d, int) for d in shape)
+
+
+def _shape_key(node: torch.fx.Node) -> tuple:
+    """``node``'s (shape, dtype) as a dict key: a symbolic size by its expression (a SymInt is
+    not hashable; two sizes of one symbol print alike)."""
+    shape, dtype = cast("tuple[tuple, torch.dtype]", _shape_dtype(node))
+    return tuple(d if isinstance(d, int) else str(d) for d in shape), dtype
 
 
 def _statistics_dtype(node: torch.fx.Node, args: dict[str, Any]) -> torch.dtype:
@@ -128,12 +148,15 @@ def _batchable_training_norms(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     groups: dict[tuple, list[torch.fx.Node]] = defaultdict(list)
     for node in gm.graph.nodes:
         if _training_decomposable(node) is not None:
-            groups[cast(tuple, _shape_dtype(node))].append(node)  # (known for such a norm)
+            groups[_shape_key(node)].append(node)  # (known for such a norm)
     return {n for members in groups.values() if len(members) >= 2 for n in members}
 
 
-def _per_channel_count(shape: tuple[int, ...]) -> int:
-    """Values a batch norm's statistics of one channel are computed over."""
+def _per_channel_count(shape: tuple) -> int | None:
+    """Values a batch norm's statistics of one channel are computed over; None where a size is
+    symbolic (the batch's variance is then computed unbiased, not scaled by ``n / (n - 1)``)."""
+    if not _static(shape):
+        return None
     count = shape[0]
     for size in shape[2:]:
         count *= size
@@ -370,6 +393,11 @@ def _decompose_training_batch_norm(
             x = call("to", x, compute, method=True)
         moments = call(torch.var_mean, x, dims, correction=0, keepdim=True)
         var, mean = call(operator.getitem, moments, 0), call(operator.getitem, moments, 1)
+        # (with a symbolic size, n / (n - 1) is no number: the running variance takes the
+        # unbiased one directly, a second reduction of x that Inductor computes with the first)
+        update_var = var
+        if not _static(shape):
+            update_var = call(operator.getitem, call(torch.var_mean, x, dims, correction=1, keepdim=True), 0)
         y = call(torch.mul, call(torch.sub, x, mean), call(torch.rsqrt, call(torch.add, var, float(args["eps"]))))
         # (a (C,) parameter broadcasts over (batch, C) as it is: batching then stacks the
         # parameters themselves, one copy of graph inputs, not reshaped views of them)
@@ -384,7 +412,8 @@ def _decompose_training_batch_norm(
             batch_stats = cast(
                 "tuple[torch.fx.Node, torch.fx.Node]",
                 tuple(
-                    call("reshape", call("detach", stat, method=True), channels, method=True) for stat in (mean, var)
+                    call("reshape", call("detach", stat, method=True), channels, method=True)
+                    for stat in (mean, update_var)
                 ),
             )
     for key in META_KEYS:  # the norm's own meta is the result's
@@ -411,7 +440,7 @@ def _update_statistics(graph: torch.fx.Graph, updates: dict[tuple, list[tuple[to
             graph.call_function(torch._foreach_mul_, ([*means, *variances], 1.0 - momentum))
             graph.call_function(torch._foreach_add_, (means, [n[2] for n in norms]), {"alpha": momentum})
             graph.call_function(
-                torch._foreach_add_, (variances, [n[3] for n in norms]), {"alpha": momentum * count / (count - 1)}
+                torch._foreach_add_, (variances, [n[3] for n in norms]), {"alpha": _unbiased(momentum, count)}
             )
 
 
@@ -423,8 +452,16 @@ def _update_statistics_here(
     momentum, count, _ = key
     with graph.inserting_before(batch_stats[1].next):
         graph.call_method("lerp_", (stats[0], batch_stats[0], momentum))
-        unbiased = graph.call_function(torch.mul, (batch_stats[1], count / (count - 1)))
+        unbiased = (
+            batch_stats[1] if count is None else graph.call_function(torch.mul, (batch_stats[1], count / (count - 1)))
+        )
         graph.call_method("lerp_", (stats[1], unbiased, momentum))
+
+
+def _unbiased(momentum: float, count: int | None) -> float:
+    """The weight of a batch's biased variance in a running-variance update: ``momentum`` times
+    Bessel's ``n / (n - 1)``; ``momentum`` where the variance is unbiased already (None)."""
+    return momentum if count is None else momentum * count / (count - 1)
 
 
 def _own_statistics(node: torch.fx.Node, args: dict[str, Any]) -> bool:

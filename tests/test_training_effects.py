@@ -230,25 +230,55 @@ def test_experts_under_an_autocast_region_of_the_compiled_step_batch():
         torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=3e-2 * scale, msg=name)
 
 
-def test_norms_of_sequences_and_shared_statistics_train_as_eager():
-    """Rank-3 inputs (batch, channels, length), and one norm module called twice (its
+class SequenceNorms(nn.Module):
+    """Norms of rank-3 inputs (batch, channels, length), and one norm module called twice (its
     statistics are not its own alone: updated where it was, in order)."""
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.seq = nn.ModuleList(nn.Conv1d(4, 6, 1) for _ in range(3))
-            self.norms = nn.ModuleList(nn.BatchNorm1d(6) for _ in range(3))
-            self.shared = nn.BatchNorm1d(6)
+    def __init__(self):
+        super().__init__()
+        self.seq = nn.ModuleList(nn.Conv1d(4, 6, 1) for _ in range(3))
+        self.norms = nn.ModuleList(nn.BatchNorm1d(6) for _ in range(3))
+        self.shared = nn.BatchNorm1d(6)
 
-        def forward(self, x):
-            outs = [n(c(x)).relu() for c, n in zip(self.seq, self.norms)]
-            return self.shared(outs[0]) + self.shared(outs[1]) + outs[2]
+    def forward(self, x):
+        outs = [n(c(x)).relu() for c, n in zip(self.seq, self.norms)]
+        return self.shared(outs[0]) + self.shared(outs[1]) + outs[2]
 
+
+def test_norms_of_sequences_and_shared_statistics_train_as_eager():
+    """Rank-3 inputs, and one norm module called twice (:class:`SequenceNorms`)."""
     torch.manual_seed(0)
-    model = Model().train()
+    model = SequenceNorms().train()
     ours = copy.deepcopy(model)
     _assert_trained_alike(model, ours, torch.randn(5, 4, 7), run_ours=torch.compile(ours, backend=_backend()))
+
+
+def test_training_norms_batch_with_a_symbolic_batch():
+    """Under a symbolic batch size (``dynamic=True``, or Dynamo's automatic dynamic shapes after a
+    last batch of another size) the norms still batch: the running variance takes the batch's
+    unbiased variance directly (``n / (n - 1)`` is no number there). One graph serves batches of
+    16 and 10, outputs, gradients and statistics as eager's."""
+    torch.manual_seed(0)
+    model = Experts().train()
+    ours = copy.deepcopy(model)
+    backend = _backend()
+    # (floats specialized as Inductor's restart of such a trace specializes them)
+    with torch._dynamo.config.patch(specialize_float=True):
+        run = torch.compile(ours, backend=backend, dynamic=True)
+        for batch in (16, 10):
+            _assert_trained_alike(model, ours, torch.randn(batch, 8), run_ours=run)
+    assert len(backend.reports) == 1
+    report = backend.reports[0]
+    assert not report.fell_back, report.fallback_reason
+    assert report.batched.get("batch-linear", 0) >= 8 and report.batched.get("batch-reduction", 0) >= 8
+    # sequences (batch, channels, length), the norm called twice updating in place
+    torch.manual_seed(0)
+    model = SequenceNorms().train()
+    ours = copy.deepcopy(model)
+    with torch._dynamo.config.patch(specialize_float=True):
+        run = torch.compile(ours, backend=_backend(), dynamic=True)
+        for batch in (5, 3):
+            _assert_trained_alike(model, ours, torch.randn(batch, 4, 7), run_ours=run)
 
 
 def test_norms_without_momentum_train_as_eager():
