@@ -170,20 +170,31 @@ def test_concurrent_writers_and_readers_see_whole_entries(cache_dir):
     value = {"payload": list(range(20000))}
     seen, errors = [], []
 
+    writes_over = threading.Event()
+
     def write() -> None:
         for _ in range(30):
             cache.put("k", value)
 
     def read() -> None:
-        for _ in range(60):
+        # (until the writes are over, then once more: a fixed count of reads can all come before
+        # the first write ends on a loaded machine, and then nothing would be checked)
+        while True:
+            last = writes_over.is_set()
             got = cache.get("k")
             if got is not None:
                 seen.append(got == value)
+            if last:
+                return
 
-    threads = [threading.Thread(target=f) for f in (write, write, read, read)]
-    for t in threads:
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in writers + readers:
         t.start()
-    for t in threads:
+    for t in writers:
+        t.join()
+    writes_over.set()
+    for t in readers:
         t.join()
     assert seen and all(seen) and not errors
     assert not list(cache.folder.glob(".tmp-*"))  # no temporary file left behind
