@@ -76,10 +76,12 @@ FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
     # dropouts of p=0.25, optimized and compared under fallback_random
     "train_dropout": (dict(opaque=False, inplace=False, train=True, dropout_p=0.25), 0.03, True),
     "train_dynamo": (dict(opaque=False, inplace=False, train=True, checkpoint=True, dynamo=True), 0.02, True),
+    # the same with a symbolic batch (Dynamo's automatic dynamic shapes), also at a second batch
+    "train_dynamic": (dict(opaque=False, inplace=False, train=True, dynamo=True, dynamic_batch=True), 0.02, True),
     # experts inside no_grad / autocast regions beside plain ones, as Dynamo hands them over
     "state_dynamo": (dict(opaque=False, inplace=False, train=True, state_regions=True, dynamo=True), 0.02, True),
 }
-DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo", "state_dynamo")
+DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo", "train_dynamic", "state_dynamo")
 
 
 def _fuzz_options() -> dict[str, Any]:
