@@ -22,9 +22,11 @@ import enum
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
+
+from optimus_eqsat.inductor_compat import wrap_once
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -166,24 +168,20 @@ def install() -> bool:
         from torch._dynamo.backends.distributed import DDPOptimizer
     except ImportError:
         return False
-    cut = getattr(DDPOptimizer, "compile_fn", None)
-    if cut is None:
-        return False
-    if getattr(cut, "_optimus_eqsat_wrapped", False):
-        return True
 
-    @functools.wraps(cut)
-    def compile_fn(self: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], **configs: Any) -> Callable:
-        whole = _whole_graph_compiler(self.backend_compile_fn)
-        if whole is None or configs:
-            return cut(self, gm, example_inputs, **configs)
-        return whole(
-            lambda graph: cut(self, graph, example_inputs),
-            gm,
-            example_inputs,
-            buckets=(self.first_bucket_cap, self.bucket_bytes_cap),
-        )
+    def wrap(cut: Callable) -> Callable:
+        @functools.wraps(cut)
+        def compile_fn(self: Any, gm: torch.fx.GraphModule, example_inputs: list[Any], **configs: Any) -> Callable:
+            whole = _whole_graph_compiler(self.backend_compile_fn)
+            if whole is None or configs:
+                return cut(self, gm, example_inputs, **configs)
+            return whole(
+                lambda graph: cut(self, graph, example_inputs),
+                gm,
+                example_inputs,
+                buckets=(self.first_bucket_cap, self.bucket_bytes_cap),
+            )
 
-    compile_fn._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
-    cast(Any, DDPOptimizer).compile_fn = compile_fn  # (a wrapper put in place of the method)
-    return True
+        return compile_fn
+
+    return wrap_once(DDPOptimizer, "compile_fn", wrap)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import cast
 from unittest import mock
 
@@ -64,6 +64,7 @@ __all__ = [
     "inductor_patches",
     "turn_off_inplace_buffers",
     "install_sparse_gradient_fix",
+    "wrap_once",
 ]
 
 #: Inductor config for the programs we compile (see the module docstring).
@@ -102,6 +103,19 @@ def backwards_lowered_with_forwards() -> Iterator[None]:
         yield
 
 
+def wrap_once(owner: object, name: str, wrap: Callable[[Callable], Callable]) -> bool:
+    """Put ``wrap(original)`` in place of ``owner.name`` once per process: a later call finds
+    the wrapper there and leaves it. False where ``owner`` has no such attribute (another torch)."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return False
+    if not getattr(original, "_optimus_eqsat_wrapped", False):
+        wrapper = wrap(original)
+        wrapper._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
+        setattr(owner, name, wrapper)
+    return True
+
+
 def install_sparse_gradient_fix() -> bool:
     """Let Inductor's fake-tensor updater compare tensors without storage (see the module
     docstring), once per process; False where this torch has no such updater. Installed for
@@ -111,20 +125,16 @@ def install_sparse_gradient_fix() -> bool:
         from torch._inductor import fx_utils
     except ImportError:
         return False
-    storage_of = getattr(fx_utils, "get_storage", None)
-    if storage_of is None:
-        return False
-    if getattr(storage_of, "_optimus_eqsat_wrapped", False):
-        return True
 
-    def get_storage(t: torch.Tensor) -> int:
-        if not torch._C._has_storage(t):  # a sparse tensor: no storage to share, so its own
-            return id(t)
-        return storage_of(t)
+    def wrap(storage_of: Callable[[torch.Tensor], int]) -> Callable[[torch.Tensor], int]:
+        def get_storage(t: torch.Tensor) -> int:
+            if not torch._C._has_storage(t):  # a sparse tensor: no storage to share, so its own
+                return id(t)
+            return storage_of(t)
 
-    get_storage._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
-    fx_utils.get_storage = get_storage
-    return True
+        return get_storage
+
+    return wrap_once(fx_utils, "get_storage", wrap)
 
 
 def _no_donation(*args: object, **kwargs: object) -> list[int]:
