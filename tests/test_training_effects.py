@@ -258,27 +258,23 @@ def test_training_norms_batch_with_a_symbolic_batch():
     last batch of another size) the norms still batch: the running variance takes the batch's
     unbiased variance directly (``n / (n - 1)`` is no number there). One graph serves batches of
     16 and 10, outputs, gradients and statistics as eager's."""
-    torch.manual_seed(0)
-    model = Experts().train()
-    ours = copy.deepcopy(model)
-    backend = _backend()
-    # (floats specialized as Inductor's restart of such a trace specializes them)
-    with torch._dynamo.config.patch(specialize_float=True):
-        run = torch.compile(ours, backend=backend, dynamic=True)
-        for batch in (16, 10):
-            _assert_trained_alike(model, ours, torch.randn(batch, 8), run_ours=run)
-    assert len(backend.reports) == 1
-    report = backend.reports[0]
+    reports = []
+    # (floats specialized as Inductor's restart of such a trace specializes them; sequences
+    # (batch, channels, length) and a norm called twice, updating in place, too)
+    for make, shape, batches in ((Experts, (8,), (16, 10)), (SequenceNorms, (4, 7), (5, 3))):
+        torch.manual_seed(0)
+        model = make().train()
+        ours = copy.deepcopy(model)
+        backend = _backend()
+        with torch._dynamo.config.patch(specialize_float=True):
+            run = torch.compile(ours, backend=backend, dynamic=True)
+            for batch in batches:
+                _assert_trained_alike(model, ours, torch.randn(batch, *shape), run_ours=run)
+        assert len(backend.reports) == 1
+        reports.append(backend.reports[0])
+    report = reports[0]
     assert not report.fell_back, report.fallback_reason
     assert report.batched.get("batch-linear", 0) >= 8 and report.batched.get("batch-reduction", 0) >= 8
-    # sequences (batch, channels, length), the norm called twice updating in place
-    torch.manual_seed(0)
-    model = SequenceNorms().train()
-    ours = copy.deepcopy(model)
-    with torch._dynamo.config.patch(specialize_float=True):
-        run = torch.compile(ours, backend=_backend(), dynamic=True)
-        for batch in (5, 3):
-            _assert_trained_alike(model, ours, torch.randn(batch, 4, 7), run_ours=run)
 
 
 def test_norms_without_momentum_train_as_eager():
