@@ -371,8 +371,8 @@ class OptimizationRun:
             return copy_module(gm)
         rewritten = contiguous_outputs(gm, result)  # (before the copies below, which are contiguous)
         if self.objective.mode == "training":  # (the source's detaches say what no-grad regions read)
-            kept = keep_gradient_inputs(self.source, result)
-            rewritten += keep_gradient_absences(self.source, result)
+            kept = keep_gradient_inputs(self.source, result, self.example_inputs or ())
+            rewritten += keep_gradient_absences(self.source, result, self.example_inputs or ())
             rewritten += own_sliced_outputs(gm, result)
             report.kept_gradient_inputs = kept
             rewritten += kept

@@ -18,6 +18,9 @@ Such an input is read through a ``detach`` in the optimized graph (:func:`keep_g
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -27,19 +30,23 @@ from optimus_eqsat.fxvocab.meta import META_KEYS, meta_value
 from optimus_eqsat.fxvocab.mutation import is_mutating, running_stats_written, written_inputs
 
 
-def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+def keep_gradient_inputs(
+    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] = ()
+) -> list[str]:
     """Re-read, in ``optimized``, the floating-point placeholders (matched by position) and
     the parameters (``get_attr`` or module calls, by name) that ``original`` read and
     ``optimized`` no longer does (:mod:`this module <optimus_eqsat.keep_gradients>`);
-    returns their names."""
+    returns their names. A placeholder's dtype is read from its meta, else from
+    ``example_inputs`` at its position (a traced graph may carry no meta)."""
     before = [n for n in original.graph.nodes if n.op == "placeholder"]
     after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
     if len(before) != len(after):
         return []
     outputs = graph_outputs(original)
     kept = []
-    for old, new in zip(before, after):
-        if not old.users or new.users or not _floating(old):
+    for k, (old, new) in enumerate(zip(before, after)):
+        value = _placeholder_value(old, k, example_inputs)
+        if not old.users or new.users or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             continue
         position = _dependent_output(old, outputs)
         if position is not None:
@@ -65,13 +72,15 @@ def keep_gradient_inputs(original: fx.GraphModule, optimized: fx.GraphModule) ->
     return kept
 
 
-def keep_gradient_absences(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+def keep_gradient_absences(
+    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] = ()
+) -> list[str]:
     """Read through a ``detach``, in ``optimized``, each input requiring a gradient (placeholders
     matched by position, parameters read by ``get_attr``) that no output of ``original``
     depends on and some output of ``optimized`` does (:mod:`this module
     <optimus_eqsat.keep_gradients>`); returns their names. Nothing is changed when ``original``
     writes a tensor in place that other nodes read (the dependence could then hide in the
-    write)."""
+    write). Placeholders without meta are read from ``example_inputs``, as above."""
     if not _writes_are_local(original):
         return []
     live_before, live_after = _feeding_outputs(original), _feeding_outputs(optimized)
@@ -79,7 +88,11 @@ def keep_gradient_absences(original: fx.GraphModule, optimized: fx.GraphModule) 
     after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
     cut = []
     if len(before) == len(after):
-        cut += [new for old, new in zip(before, after) if old not in live_before and _requires_grad(old)]
+        cut += [
+            new
+            for k, (old, new) in enumerate(zip(before, after))
+            if old not in live_before and _requires_grad(_placeholder_value(old, k, example_inputs))
+        ]
     readers = _parameter_readers(original)
     dead_parameters = {name for name, _ in readers} - {name for name, reader in readers if reader in live_before}
     cut += [
@@ -153,9 +166,17 @@ def _parameter_readers(gm: fx.GraphModule) -> list[tuple[str, fx.Node]]:
     return reads
 
 
-def _requires_grad(node: fx.Node) -> bool:
-    value = meta_value(node)
+def _requires_grad(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad
+
+
+def _placeholder_value(node: fx.Node, position: int, example_inputs: Sequence[Any]) -> Any:
+    """The value placeholder ``node`` (the ``position``-th) stands for: its meta, else the
+    example input there (None when neither is known)."""
+    value = meta_value(node)
+    if value is None and position < len(example_inputs):
+        value = example_inputs[position]
+    return value
 
 
 def _requires_grad_attr(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -201,12 +222,6 @@ def _parameter(gm: fx.GraphModule, target: str) -> torch.nn.Parameter | None:
         return gm.get_parameter(target)
     except AttributeError:
         return None
-
-
-def _floating(node: fx.Node) -> bool:
-    """Whether the placeholder ``node`` holds a floating tensor (by its meta)."""
-    value = meta_value(node)
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
 def _dependent_output(node: fx.Node, outputs: list[fx.Node | None]) -> int | None:

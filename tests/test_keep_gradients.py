@@ -150,6 +150,32 @@ def test_a_dropped_attribute_of_a_traced_graph_is_read_again_in_training():
     torch.testing.assert_close(optimized(x), model(x))
 
 
+class SlicesOneInput(nn.Module):
+    """Two inputs concatenated, then only the first one's columns kept: ``y`` no longer takes
+    part after the split/cat rules, and eager gives it a zero gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        return self.a(torch.cat([x, y], dim=1).narrow(1, 0, 4))
+
+
+def test_a_dropped_input_of_a_traced_graph_without_meta_is_read_again_in_training():
+    """symbolic_trace leaves placeholders without meta: the input's dtype is read from the
+    example inputs (it was taken for non-float, and ``y`` got no gradient)."""
+    gm = torch.fx.symbolic_trace(SlicesOneInput())
+    assert not any(n.meta for n in gm.graph.nodes if n.op == "placeholder")
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    optimized = optimize_graph(gm, (x, y), mode="training", raise_on_error=True)
+    assert "y" in optimized.meta["optimus_eqsat"].kept_gradient_inputs
+    x.requires_grad_(), y.requires_grad_()
+    optimized(x, y).sum().backward()
+    assert y.grad is not None and not y.grad.any()
+    torch.testing.assert_close(optimized(x, y), gm(x, y))
+
+
 def test_inference_adds_nothing():
     model = SlicesOneTower()
     gm = torch.fx.symbolic_trace(model)
