@@ -17,13 +17,14 @@ Views of inputs are left alone (they alias memory the caller owns, not ours).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
 
 from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
-from optimus_eqsat.fxvocab.meta import meta_value
+from optimus_eqsat.fxvocab.meta import ExampleInputError, meta_value, node_values
 from optimus_eqsat.keep_gradients import graph_outputs
 
 __all__ = ["contiguous_outputs", "own_sliced_outputs"]
@@ -49,21 +50,38 @@ def own_sliced_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
     return _replace_outputs(optimized, chosen, _clone)
 
 
-def contiguous_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+def contiguous_outputs(
+    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] | None = None
+) -> list[str]:
     """Make contiguous each output of ``optimized`` that the original returned contiguous and
     the optimized program does not (a column of a batched result, say): its values are equal,
     but a caller's ``view``, or ``randn_like`` drawing an upstream gradient, reads the layout.
-    Needs static shape meta on both graphs (without it nothing is known and nothing changes).
-    Returns the names of the outputs made contiguous."""
+    Layouts come from static shape meta, else (a ``symbolic_trace`` graph has none) from a
+    run of each graph on ``example_inputs``; an output whose layout stays unknown is left as
+    it is. Returns the names of the outputs made contiguous."""
     before, after = graph_outputs(original), graph_outputs(optimized)
     if len(before) != len(after):
         return []
-    chosen = [
-        new
-        for old, new in zip(before, after)
-        if new is not None and old is not None and _contiguous(old) is True and _contiguous(new) is False
-    ]
+    was = _output_layouts(original, before, example_inputs)
+    now = _output_layouts(optimized, after, example_inputs)
+    chosen = [new for new, old_c, new_c in zip(after, was, now) if new is not None and old_c is True and new_c is False]
     return _replace_outputs(optimized, chosen, lambda graph, node: graph.call_method("contiguous", (node,)))
+
+
+def _output_layouts(
+    gm: fx.GraphModule, outputs: list[fx.Node | None], example_inputs: Sequence[Any] | None
+) -> list[bool | None]:
+    """Per output of ``gm``: whether it is contiguous (None when unknown), from its meta, else
+    from one run of ``gm`` on ``example_inputs`` (:func:`node_values`, which leaves the
+    caller's inputs, buffers and RNG state as they were)."""
+    layouts = [None if node is None else _contiguous(node) for node in outputs]
+    if example_inputs is None or all(c is not None for c, node in zip(layouts, outputs) if node is not None):
+        return layouts
+    try:
+        values = node_values(gm, example_inputs)
+    except ExampleInputError:
+        return layouts
+    return [c if c is not None or node is None else _layout(values.get(node)) for c, node in zip(layouts, outputs)]
 
 
 def _clone(graph: fx.Graph, node: fx.Node) -> fx.Node:
@@ -96,7 +114,11 @@ def _replace_outputs(
 
 def _contiguous(node: fx.Node) -> bool | None:
     """Whether meta says ``node`` is a contiguous tensor of static shape; None when unknown."""
-    value = meta_value(node)
+    return _layout(meta_value(node))
+
+
+def _layout(value: Any) -> bool | None:
+    """Whether ``value`` is a contiguous tensor of static shape; None when unknown."""
     if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
         return None
     return value.is_contiguous()

@@ -66,7 +66,7 @@ def test_training_graph_of_batched_towers_returns_copies_with_eager_gradients():
 def test_an_output_the_original_returned_contiguous_stays_contiguous():
     """A column of a batched result has the right values in another layout: the optimized
     program hands it back contiguous, as the original did (a caller's ``view`` or
-    ``randn_like`` reads the layout); where meta is missing nothing changes."""
+    ``randn_like`` reads the layout); where meta and example inputs are missing nothing changes."""
     from optimus_eqsat.inductor_count import capture_dynamo_graph
     from optimus_eqsat.own_outputs import contiguous_outputs
 
@@ -79,3 +79,16 @@ def test_an_output_the_original_returned_contiguous_stays_contiguous():
     assert out[0].is_contiguous() and not out[1].is_contiguous()  # (the original's view stays one)
     torch.testing.assert_close(out[0], x * 2.0)
     assert contiguous_outputs(_trace(lambda t: t * 2.0), _trace(lambda t: torch.stack([t * 2.0, t], -1)[..., 0])) == []
+
+
+def test_a_traced_graph_without_meta_keeps_its_outputs_contiguous():
+    """``stack(x.unbind(0), dim=2)`` is ``x.permute(1, 2, 0)`` in values, a view in another
+    layout: a ``symbolic_trace`` graph carries no meta, so the layouts are read from the
+    example inputs (the optimized program returned the permuted layout, and ``view`` failed)."""
+    gm = _trace(lambda x: torch.stack(x.unbind(0), dim=2) * 2.0)
+    x = torch.randn(4, 3, 5)
+    optimized = optimize_graph(gm, (x,), raise_on_error=True, never_worse=False)
+    assert any(n.target is torch.permute for n in optimized.graph.nodes)  # the rewrite happened
+    out = optimized(x)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out.view(-1), gm(x).view(-1))
