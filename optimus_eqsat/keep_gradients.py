@@ -36,24 +36,27 @@ def keep_gradient_inputs(
     """Re-read, in ``optimized``, the floating-point placeholders (matched by position) and
     the parameters (``get_attr`` or module calls, by name) that ``original`` read and
     ``optimized`` no longer does (:mod:`this module <optimus_eqsat.keep_gradients>`);
-    returns their names. A placeholder's dtype is read from its meta, else from
-    ``example_inputs`` at its position (a traced graph may carry no meta)."""
+    returns their names. A read counts when some output depends on it differentiably (a
+    module call whose result nothing uses, kept for its side effects, reads nothing). A
+    placeholder's dtype is read from its meta, else from ``example_inputs`` at its position
+    (a traced graph may carry no meta)."""
     before = [n for n in original.graph.nodes if n.op == "placeholder"]
     after = [n for n in optimized.graph.nodes if n.op == "placeholder"]
     if len(before) != len(after):
         return []
     outputs = graph_outputs(original)
+    live = _feeding_outputs(optimized)
     kept = []
     for k, (old, new) in enumerate(zip(before, after)):
         value = _placeholder_value(old, k, example_inputs)
-        if not old.users or new.users or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+        if not old.users or new in live or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             continue
         position = _dependent_output(old, outputs)
         if position is not None:
             _add_empty_sum(optimized, new, position)
             kept.append(old.name)
     # the parameters a symbolic_trace graph reads as attributes or through module calls
-    still_read = set(_parameter_reads(optimized))
+    still_read = {name for name, reader in _parameter_readers(optimized) if reader in live}
     for name, reader in _parameter_reads(original).items():
         position = None if name in still_read else _dependent_output(reader, outputs)
         if position is None:

@@ -7,6 +7,7 @@ import copy
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.backend import OptimusBackend, make_backend
@@ -174,6 +175,44 @@ def test_a_dropped_input_of_a_traced_graph_without_meta_is_read_again_in_trainin
     optimized(x, y).sum().backward()
     assert y.grad is not None and not y.grad.any()
     torch.testing.assert_close(optimized(x, y), gm(x, y))
+
+
+class CheckpointedLayer(nn.Module):
+    """A layer called through activation checkpointing: kept whole as a module call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+class SlicesOneCheckpointedLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = CheckpointedLayer(), CheckpointedLayer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.a(x), self.b(x)], 1).narrow(1, 4, 4) * 2.0
+
+
+def test_a_module_call_whose_result_went_unused_reads_no_parameter():
+    """The rewrite leaves ``self.a(x)`` in the graph (a module call, run for what it may
+    write) with no reader: it gives its parameters no gradient, so they are read again."""
+
+    class Leaves(torch.fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, name: str) -> bool:
+            return isinstance(m, CheckpointedLayer) or super().is_leaf_module(m, name)
+
+    model = SlicesOneCheckpointedLayer()
+    gm = torch.fx.GraphModule(model, Leaves().trace(model))
+    x = torch.randn(3, 4)
+    optimized = optimize_graph(gm, (x,), mode="training", raise_on_error=True, never_worse=False)
+    assert {"a.inner.0.weight", "a.inner.0.bias"} <= set(optimized.meta["optimus_eqsat"].kept_gradient_inputs)
+    optimized(x).sum().backward()
+    assert model.a.inner[0].weight.grad is not None and not model.a.inner[0].weight.grad.any()
+    assert model.b.inner[0].weight.grad is not None and model.b.inner[0].weight.grad.any()
 
 
 def test_inference_adds_nothing():
