@@ -333,6 +333,8 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     assert len(out_o) == len(out_e), f"{len(out_o)} outputs, expected {len(out_e)}"
     for i, (a, e) in enumerate(zip(out_o, out_e)):
         assert a.shape == e.shape and a.dtype == e.dtype, f"output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
+        # (a caller's view() or an upstream gradient drawn with randn_like reads the layout)
+        assert a.is_contiguous() or not e.is_contiguous(), f"output {i}: contiguous in eager, strides {a.stride()}"
     checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
     checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
