@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
 from optimus_eqsat.fxvocab.meta import ExampleInputError, meta_value, node_values
@@ -118,10 +119,21 @@ def _contiguous(node: fx.Node) -> bool | None:
 
 
 def _layout(value: Any) -> bool | None:
-    """Whether ``value`` is a contiguous tensor of static shape; None when unknown."""
-    if not isinstance(value, torch.Tensor) or not all(isinstance(s, int) for s in value.shape):
+    """Whether ``value`` is a contiguous tensor; None when it is no tensor. With symbolic sizes
+    (a dynamic batch) True only when its strides are row-major whatever the sizes, known
+    without adding a guard: an original's output is then taken for contiguous only when it
+    surely is, and an optimized one's is made contiguous unless it surely is (``contiguous``
+    of a contiguous tensor is the tensor itself)."""
+    if not isinstance(value, torch.Tensor):
         return None
-    return value.is_contiguous()
+    if all(isinstance(s, int) for s in (*value.shape, *value.stride())):
+        return value.is_contiguous()
+    expected: Any = 1
+    for size, stride in reversed(list(zip(value.shape, value.stride()))):
+        if not statically_known_true(size == 1) and not statically_known_true(stride == expected):
+            return False
+        expected = expected * size
+    return True
 
 
 def _is_view(node: fx.Node | None) -> bool:

@@ -92,3 +92,30 @@ def test_a_traced_graph_without_meta_keeps_its_outputs_contiguous():
     out = optimized(x)
     assert out.is_contiguous()
     torch.testing.assert_close(out.view(-1), gm(x).view(-1))
+
+
+def test_an_output_under_a_dynamic_batch_keeps_its_contiguous_layout():
+    """With a symbolic batch the layouts hold symbolic strides: the original's output is
+    surely contiguous (row-major whatever the batch), the optimized permute surely not, and
+    it is made contiguous (it was not: ``is_contiguous`` of symbolic meta was taken for
+    unknown)."""
+    from optimus_eqsat.backend import make_backend
+
+    class StackOfRows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(5, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.stack(self.linear(x).unbind(0), dim=2) * 2.0
+
+    torch._dynamo.reset()
+    model = StackOfRows()
+    backend = make_backend(measure=False, inductor=False, raise_on_error=True, never_worse=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for batch in (4, 6):
+        x = torch.randn(batch, 3, 5)
+        out = compiled(x)
+        assert out.is_contiguous(), out.stride()
+        torch.testing.assert_close(out.view(-1), model(x).view(-1))
+    assert backend.reports[0].changed
