@@ -369,9 +369,8 @@ class OptimizationRun:
             log.info("optimus_eqsat: %s", report.fallback_reason)
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)
-        rewritten = contiguous_outputs(
-            gm, result, self.example_inputs
-        )  # (before the copies below, which are contiguous)
+        # (before the copies below, which are contiguous)
+        rewritten = contiguous_outputs(gm, result, self.example_inputs)
         if self.objective.mode == "training":  # (the source's detaches say what no-grad regions read)
             kept = keep_gradient_inputs(self.source, result, self.example_inputs or ())
             rewritten += keep_gradient_absences(self.source, result, self.example_inputs or ())

@@ -114,7 +114,7 @@ def _replace_outputs(
 
 
 def _contiguous(node: fx.Node) -> bool | None:
-    """Whether meta says ``node`` is a contiguous tensor of static shape; None when unknown."""
+    """Whether meta says ``node`` is a contiguous tensor (:func:`_layout`); None when unknown."""
     return _layout(meta_value(node))
 
 
@@ -124,7 +124,7 @@ def _layout(value: Any) -> bool | None:
     without adding a guard: an original's output is then taken for contiguous only when it
     surely is, and an optimized one's is made contiguous unless it surely is (``contiguous``
     of a contiguous tensor is the tensor itself)."""
-    if not isinstance(value, torch.Tensor):
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
         return None
     if all(isinstance(s, int) for s in (*value.shape, *value.stride())):
         return value.is_contiguous()
