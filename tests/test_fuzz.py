@@ -335,6 +335,8 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
         assert a.shape == e.shape and a.dtype == e.dtype, f"output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
         # (a caller's view() or an upstream gradient drawn with randn_like reads the layout)
         assert a.is_contiguous() or not e.is_contiguous(), f"output {i}: contiguous in eager, strides {a.stride()}"
+        # (a caller's backward() through an output that no longer requires grad would fail)
+        assert a.requires_grad or not e.requires_grad, f"output {i}: requires grad in eager, not here"
     checks = [(a, e, f"output {i}", ATOL_OUT) for i, (a, e) in enumerate(zip(out_o, out_e))]
     checks += [(a, e, f"grad of float input {i}", ATOL_GRAD) for i, (a, e) in enumerate(zip(gin_o, gin_e))]
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
