@@ -23,9 +23,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.fx.passes.shape_prop import TensorMetadata
 
 from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
-from optimus_eqsat.fxvocab.meta import ExampleInputError, meta_value, node_values
+from optimus_eqsat.fxvocab.meta import ExampleInputError, meta_value, record_shapes
 from optimus_eqsat.keep_gradients import graph_outputs
 
 __all__ = ["contiguous_outputs", "own_sliced_outputs"]
@@ -57,29 +58,42 @@ def contiguous_outputs(
     """Make contiguous each output of ``optimized`` that the original returned contiguous and
     the optimized program does not (a column of a batched result, say): its values are equal,
     but a caller's ``view``, or ``randn_like`` drawing an upstream gradient, reads the layout.
-    Layouts come from static shape meta, else (a ``symbolic_trace`` graph has none) from a
-    run of each graph on ``example_inputs``; an output whose layout stays unknown is left as
-    it is. Returns the names of the outputs made contiguous."""
+    Layouts come from shape meta, else (a ``symbolic_trace`` graph has none) from a run of
+    each graph on ``example_inputs``; an output the original surely returned contiguous is
+    made contiguous unless it surely is. Returns the names of the outputs made contiguous."""
     before, after = graph_outputs(original), graph_outputs(optimized)
     if len(before) != len(after):
         return []
-    was = _output_layouts(original, before, example_inputs)
-    now = _output_layouts(optimized, after, example_inputs)
-    chosen = [new for new, old_c, new_c in zip(after, was, now) if new is not None and old_c is True and new_c is False]
+    was = _output_layouts(original, before, example_inputs, meta_value)
+    now = _output_layouts(optimized, after, example_inputs, _propagated_value)
+    # (unknown in the optimized program: made contiguous too, which costs nothing where it is)
+    chosen = [
+        new for new, old_c, new_c in zip(after, was, now) if new is not None and old_c is True and new_c is not True
+    ]
     return _replace_outputs(optimized, chosen, lambda graph, node: graph.call_method("contiguous", (node,)))
 
 
+def _propagated_value(node: fx.Node) -> Any:
+    """``meta["val"]`` of a node of an optimized graph, fake-propagated over it; its other meta
+    (ShapeProp's ``tensor_meta``) may be copied from the original node of the same value, whose
+    layout the new one need not have."""
+    return node.meta.get("val")
+
+
 def _output_layouts(
-    gm: fx.GraphModule, outputs: list[fx.Node | None], example_inputs: Sequence[Any] | None
+    gm: fx.GraphModule,
+    outputs: list[fx.Node | None],
+    example_inputs: Sequence[Any] | None,
+    read: Callable[[fx.Node], Any],
 ) -> list[bool | None]:
-    """Per output of ``gm``: whether it is contiguous (None when unknown), from its meta, else
-    from one run of ``gm`` on ``example_inputs`` (:func:`node_values`, which leaves the
-    caller's inputs, buffers and RNG state as they were)."""
-    layouts = [None if node is None else _contiguous(node) for node in outputs]
+    """Per output of ``gm``: whether it is contiguous (None when unknown), from what ``read``
+    finds in its meta, else from one run of ``gm`` on ``example_inputs`` (:func:`record_shapes`,
+    which leaves the caller's inputs, buffers and RNG state as they were)."""
+    layouts = [None if node is None else _layout(read(node)) for node in outputs]
     if example_inputs is None or all(c is not None for c, node in zip(layouts, outputs) if node is not None):
         return layouts
     try:
-        values = node_values(gm, example_inputs)
+        values = record_shapes(gm, tuple(example_inputs))
     except ExampleInputError:
         return layouts
     return [c if c is not None or node is None else _layout(values.get(node)) for c, node in zip(layouts, outputs)]
@@ -113,23 +127,22 @@ def _replace_outputs(
     return sorted(node.name for node in chosen)
 
 
-def _contiguous(node: fx.Node) -> bool | None:
-    """Whether meta says ``node`` is a contiguous tensor (:func:`_layout`); None when unknown."""
-    return _layout(meta_value(node))
-
-
 def _layout(value: Any) -> bool | None:
-    """Whether ``value`` is a contiguous tensor; None when it is no tensor. With symbolic sizes
-    (a dynamic batch) True only when its strides are row-major whatever the sizes, known
-    without adding a guard: an original's output is then taken for contiguous only when it
-    surely is, and an optimized one's is made contiguous unless it surely is (``contiguous``
-    of a contiguous tensor is the tensor itself)."""
-    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+    """Whether ``value`` (a tensor, or ShapeProp's ``TensorMetadata``) is contiguous; None when
+    it is neither. With symbolic sizes (a dynamic batch) True only when its strides are
+    row-major whatever the sizes, known without adding a guard: an original's output is then
+    taken for contiguous only when it surely is, and an optimized one's is made contiguous
+    unless it surely is (``contiguous`` of a contiguous tensor is the tensor itself)."""
+    if isinstance(value, TensorMetadata) and value.stride is not None:
+        shape, strides = tuple(value.shape), tuple(value.stride)
+    elif isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        shape, strides = tuple(value.shape), value.stride()
+    else:
         return None
-    if all(isinstance(s, int) for s in (*value.shape, *value.stride())):
-        return value.is_contiguous()
+    if any(statically_known_true(size == 0) for size in shape):
+        return True  # (no element: contiguous whatever the strides, as torch says)
     expected: Any = 1
-    for size, stride in reversed(list(zip(value.shape, value.stride()))):
+    for size, stride in reversed(list(zip(shape, strides))):
         if not statically_known_true(size == 1) and not statically_known_true(stride == expected):
             return False
         expected = expected * size

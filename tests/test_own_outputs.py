@@ -119,3 +119,23 @@ def test_an_output_under_a_dynamic_batch_keeps_its_contiguous_layout():
         assert out.is_contiguous(), out.stride()
         torch.testing.assert_close(out.view(-1), model(x).view(-1))
     assert backend.reports[0].changed
+
+
+def test_shape_prop_meta_copied_onto_a_rewritten_output_is_not_read_for_its_layout():
+    """A graph with ShapeProp's ``tensor_meta``: its layouts are the original's truth, but the
+    rebuild gives a new output node the meta of the original node of its value, strides
+    included, though it computes them in another layout (seen: a permute of a batched result,
+    fuzz meta-613). Only meta propagated over the optimized graph, or a run of it, tells."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from optimus_eqsat.own_outputs import contiguous_outputs
+
+    x = torch.randn(4, 3)
+    for example_inputs in ((x,), None):
+        original = _trace(lambda t: (t * 2.0).t().contiguous())
+        ShapeProp(original).propagate(x)
+        optimized = _trace(lambda t: (t * 2.0).t())
+        optimized.graph.output_node().args[0].meta = dict(original.graph.output_node().args[0].meta)
+        assert len(contiguous_outputs(original, optimized, example_inputs)) == 1
+        assert optimized(x).is_contiguous()
+        torch.testing.assert_close(optimized(x), original(x))
