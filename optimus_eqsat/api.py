@@ -372,8 +372,8 @@ class OptimizationRun:
         # (before the copies below, which are contiguous)
         rewritten = contiguous_outputs(gm, result, self.example_inputs)
         if self.objective.mode == "training":  # (the source's detaches say what no-grad regions read)
-            kept = keep_gradient_inputs(self.source, result, self.example_inputs or ())
-            rewritten += keep_gradient_absences(self.source, result, self.example_inputs or ())
+            kept = keep_gradient_inputs(self.source, result, self.example_inputs)
+            rewritten += keep_gradient_absences(self.source, result, self.example_inputs)
             rewritten += own_sliced_outputs(gm, result)
             report.kept_gradient_inputs = kept
             rewritten += kept

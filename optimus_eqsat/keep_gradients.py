@@ -31,7 +31,7 @@ from optimus_eqsat.fxvocab.mutation import is_mutating, running_stats_written, w
 
 
 def keep_gradient_inputs(
-    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] = ()
+    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] | None = None
 ) -> list[str]:
     """Re-read, in ``optimized``, the floating-point placeholders (matched by position) and
     the parameters (``get_attr`` or module calls, by name) that ``original`` read and
@@ -76,7 +76,7 @@ def keep_gradient_inputs(
 
 
 def keep_gradient_absences(
-    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] = ()
+    original: fx.GraphModule, optimized: fx.GraphModule, example_inputs: Sequence[Any] | None = None
 ) -> list[str]:
     """Read through a ``detach``, in ``optimized``, each input requiring a gradient (placeholders
     matched by position, parameters read by ``get_attr``) that no output of ``original``
@@ -173,11 +173,11 @@ def _requires_grad(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad
 
 
-def _placeholder_value(node: fx.Node, position: int, example_inputs: Sequence[Any]) -> Any:
+def _placeholder_value(node: fx.Node, position: int, example_inputs: Sequence[Any] | None) -> Any:
     """The value placeholder ``node`` (the ``position``-th) stands for: its meta, else the
     example input there (None when neither is known)."""
     value = meta_value(node)
-    if value is None and position < len(example_inputs):
+    if value is None and example_inputs is not None and position < len(example_inputs):
         value = example_inputs[position]
     return value
 
