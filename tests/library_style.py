@@ -1,4 +1,5 @@
-"""Recommendation models written the way torch-rechub and deepctr-torch write them.
+"""Recommendation models written the way torch-rechub and deepctr-torch write them (and, in
+``fuxictr_style``, FuxiCTR's DCNv2 with its mixture of low-rank cross experts).
 
 Small, dependency-free re-implementations of the training-time structure of those
 libraries' multi-task models, so the optimizer's handling of training batch norms,
@@ -37,6 +38,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+try:  # as a module of the tests (pytest's rootdir import) or from a path of their folder
+    from fuxictr_style import DCNv2 as FuxictrDCNv2
+    from fuxictr_style import dcnv2_inputs as fuxictr_inputs
+except ImportError:  # pragma: no cover
+    from tests.fuxictr_style import DCNv2 as FuxictrDCNv2
+    from tests.fuxictr_style import dcnv2_inputs as fuxictr_inputs
 
 Case = tuple[nn.Module, tuple[Any, ...]]  # a model and its positional inputs
 
@@ -536,6 +544,10 @@ def _deepctr_dnn(batch: int, seed: int = 0) -> Case:
     return model, (torch.randn(batch, dims, generator=torch.Generator().manual_seed(seed)),)
 
 
+def _fuxictr_dcnv2(batch: int, seed: int = 0) -> Case:
+    return _seeded(FuxictrDCNv2), (fuxictr_inputs(batch, seed=seed),)
+
+
 def _rechub(cls: type[nn.Module], checkpoint_experts: bool) -> Callable[..., Case]:
     def build(batch: int, seed: int = 0) -> Case:
         return _seeded(lambda: cls(checkpoint_experts=checkpoint_experts)), (rechub_inputs(batch, seed=seed),)
@@ -564,6 +576,7 @@ BUILDERS: dict[str, Callable[..., Case]] = {
     "rechub.PLE+ckpt": _rechub(RechubPLE, True),
     "deepctr.MMOE+ckpt": _deepctr(DeepctrMMOE, True),
     "deepctr.PLE+ckpt": _deepctr(DeepctrPLE, True),
+    "fuxictr.DCNv2": _fuxictr_dcnv2,
 }
 
 

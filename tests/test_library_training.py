@@ -364,7 +364,7 @@ def test_library_model_steps_equal_eager(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rechub.MMOE", "deepctr.PLE", "rechub.PLE+ckpt"])
+@pytest.mark.parametrize("name", ["rechub.MMOE", "deepctr.PLE", "rechub.PLE+ckpt", "fuxictr.DCNv2"])
 def test_library_model_steps_equal_eager_default_backend(name: str) -> None:
     """Dropout p=0 through ``backend="optimus_eqsat"``: the measured choice times steps on the first
     call and must leave the running statistics (and the gradients) as eager's single step does."""
@@ -372,11 +372,22 @@ def test_library_model_steps_equal_eager_default_backend(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["rechub.PLE", "deepctr.PLE", "deepctr.MMOE+ckpt"])
+@pytest.mark.parametrize("name", ["rechub.PLE", "deepctr.PLE", "deepctr.MMOE+ckpt", "fuxictr.DCNv2"])
 def test_library_model_dropout_under_fallback_random_equals_eager(name: str) -> None:
     """Dropout p=0.1 with ``fallback_random``: eager's masks, so eager's outputs and gradients."""
     with torch._inductor.config.patch(fallback_random=True):
         check_against_eager(BUILDERS[name], make_backend(measure=False), p=0.1)
+
+
+@pytest.mark.slow
+def test_fuxictr_cross_experts_are_batched_and_train_as_eager() -> None:
+    """FuxiCTR's DCN-Mix in training: its low-rank cross experts (a gating linear each, matmuls
+    of slices of stacked parameters) are batched, and the batched program's steps are eager's."""
+    backend = make_backend(measure=False)
+    check_against_eager(BUILDERS["fuxictr.DCNv2"], backend)
+    report = backend.reports[0]
+    assert report.changed and report.launches_after < report.launches_before, report.summary()
+    assert "batch-linear" in report.batched, report.summary()
 
 
 @pytest.mark.slow
