@@ -39,12 +39,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-try:  # as a module of the tests (pytest's rootdir import) or from a path of their folder
-    from fuxictr_style import DCNv2 as FuxictrDCNv2
-    from fuxictr_style import dcnv2_inputs as fuxictr_inputs
-except ImportError:  # pragma: no cover
-    from tests.fuxictr_style import DCNv2 as FuxictrDCNv2
-    from tests.fuxictr_style import dcnv2_inputs as fuxictr_inputs
+from tests.fuxictr_style import DCNv2 as FuxictrDCNv2
+from tests.fuxictr_style import dcnv2_inputs as fuxictr_inputs
 
 Case = tuple[nn.Module, tuple[Any, ...]]  # a model and its positional inputs
 
