@@ -1,9 +1,10 @@
 """Models from maintained recommendation libraries, compiled as a new user would.
 
 ``torch.compile(model, backend="optimus_eqsat")`` on the CTR and multi-task models
-of torch-rechub and deepctr-torch, and Hugging Face transformers' BERT, GPT-2,
-Mixtral and Qwen2-MoE (whichever is installed: ``pip install torch-rechub
-deepctr-torch transformers``; none is a dependency of this project), small
+of torch-rechub and deepctr-torch, models composed of FuxiCTR's own layers the way its
+model zoo composes them (the zoo is not in its package), and Hugging Face transformers'
+BERT, GPT-2, Mixtral and Qwen2-MoE (whichever is installed: ``pip install torch-rechub
+deepctr-torch fuxictr transformers``; none is a dependency of this project), small
 configurations with random inputs:
 
 - ``--check``: outputs, gradients (training) and floating buffers after the step of
@@ -124,6 +125,140 @@ def _deepctr_builders() -> dict[str, Callable[[int], Case]]:
     }
 
 
+def _fuxictr_builders() -> dict[str, Callable[[int], Case]]:
+    """FuxiCTR's layers composed as its model zoo composes them: MMoE and PLE (``MLP_Block``
+    experts, gates and towers with batch norm and dropout), DCNv2 (``CrossNetMix`` or
+    ``CrossNetV2`` beside an ``MLP_Block``), xDeepFM (``CompressedInteractionNet``), FiBiNET
+    (``SqueezeExcitation``, ``BilinearInteractionV2``) and DIN (``DIN_Attention`` with Dice over a
+    masked history); the multi-task models' outputs concatenated. Eight categorical fields of
+    16 dimensions, one table each, stacked as its ``FeatureEmbedding`` gives them (which needs a
+    dataset's ``FeatureMap``); dropout off (eager and compiled draw different masks)."""
+    from fuxictr.pytorch import layers as fx
+
+    fields, dim, vocab, drop = 8, 16, 100, 0.0
+    width = fields * dim
+
+    def mlp(inputs: int, hidden: list[int], **kwargs: Any) -> torch.nn.Module:
+        return fx.MLP_Block(inputs, hidden, "ReLU", dropout_rates=drop, batch_norm=True, **kwargs)
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tables = torch.nn.ModuleList(torch.nn.Embedding(vocab, dim) for _ in range(fields))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.stack([table(x[:, i]) for i, table in enumerate(self.tables)], dim=1)
+
+    class MMoE(torch.nn.Module):
+        def __init__(self, experts: int = 4, tasks: int = 2) -> None:
+            super().__init__()
+            self.emb = Embed()
+            self.experts = torch.nn.ModuleList(mlp(width, [64, 32]) for _ in range(experts))
+            self.gates = torch.nn.ModuleList(mlp(width, [32], output_dim=experts) for _ in range(tasks))
+            self.towers = torch.nn.ModuleList(mlp(32, [16], output_dim=1) for _ in range(tasks))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.emb(x).flatten(start_dim=1)
+            mixed = torch.stack([expert(h) for expert in self.experts], dim=1)
+            outs = [
+                torch.sigmoid(tower(torch.sum(gate(h).softmax(dim=-1).unsqueeze(-1) * mixed, dim=1)))
+                for gate, tower in zip(self.gates, self.towers)
+            ]
+            return torch.cat(outs, dim=1)
+
+    class PLE(torch.nn.Module):
+        def __init__(self, tasks: int = 2, specific: int = 2, shared: int = 2) -> None:
+            super().__init__()
+            self.emb = Embed()
+            self.specific = torch.nn.ModuleList(
+                torch.nn.ModuleList(mlp(width, [32]) for _ in range(specific)) for _ in range(tasks)
+            )
+            self.shared = torch.nn.ModuleList(mlp(width, [32]) for _ in range(shared))
+            self.gates = torch.nn.ModuleList(
+                fx.MLP_Block(width, [], output_dim=specific + shared, output_activation="softmax") for _ in range(tasks)
+            )
+            self.towers = torch.nn.ModuleList(
+                mlp(32, [16], output_dim=1, output_activation="Sigmoid") for _ in range(tasks)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.emb(x).flatten(start_dim=1)
+            shared = [expert(h) for expert in self.shared]
+            outs = []
+            for specific, gate, tower in zip(self.specific, self.gates, self.towers):
+                experts = torch.stack([expert(h) for expert in specific] + shared, dim=1)
+                outs.append(tower(torch.bmm(gate(h).unsqueeze(1), experts).squeeze(1)))
+            return torch.cat(outs, dim=1)
+
+    class DCNv2(torch.nn.Module):
+        def __init__(self, mix: bool = True) -> None:
+            super().__init__()
+            self.emb = Embed()
+            self.cross = (
+                fx.CrossNetMix(width, layer_num=2, low_rank=8, num_experts=4) if mix else fx.CrossNetV2(width, 2)
+            )
+            self.dnn = mlp(width, [64, 32])
+            self.fc = torch.nn.Linear(width + 32, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.emb(x).flatten(start_dim=1)
+            return torch.sigmoid(self.fc(torch.cat([self.cross(h), self.dnn(h)], dim=-1)))
+
+    class XDeepFM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = Embed()
+            self.cin = fx.CompressedInteractionNet(fields, [16, 16], output_dim=1)
+            self.dnn = mlp(width, [32, 16], output_dim=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            e = self.emb(x)
+            return torch.sigmoid(self.cin(e) + self.dnn(e.flatten(start_dim=1)))
+
+    class FiBiNET(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = Embed()
+            self.se = fx.SqueezeExcitation(fields, 3, "ReLU")
+            self.bilinear = fx.BilinearInteractionV2(fields, dim, "field_interaction")
+            self.dnn = mlp(fields * (fields - 1) * dim, [32, 16], output_dim=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            e = self.emb(x)
+            pairs = torch.cat([self.bilinear(e), self.bilinear(self.se(e))], dim=1)
+            return torch.sigmoid(self.dnn(pairs.flatten(start_dim=1)))
+
+    class DIN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = Embed()
+            self.item = torch.nn.Embedding(vocab, dim)
+            self.attention = fx.DIN_Attention(dim, [32], "Dice", dropout_rate=drop, batch_norm=True, use_softmax=True)
+            self.dnn = mlp(width + 2 * dim, [32, 16], output_dim=1)
+
+        def forward(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+            target = self.item(x[:, 0])
+            pooled = self.attention(target, self.item(history), history > 0)
+            return torch.sigmoid(self.dnn(torch.cat([self.emb(x).flatten(start_dim=1), target, pooled], dim=1)))
+
+    def case(make: Callable[[], torch.nn.Module], history: bool = False) -> Callable[[int], Case]:
+        def build(batch: int) -> Case:
+            ids = torch.randint(0, vocab, (batch, fields))
+            return make(), ((ids, torch.randint(0, vocab, (batch, 10))) if history else (ids,))
+
+        return build
+
+    models: dict[str, Callable[[], torch.nn.Module]] = {
+        "MMoE": MMoE,
+        "PLE": PLE,
+        "DCNv2Mix": DCNv2,
+        "DCNv2": lambda: DCNv2(mix=False),
+        "xDeepFM": XDeepFM,
+        "FiBiNET": FiBiNET,
+    }
+    return {**{f"fuxictr.{name}": case(make) for name, make in models.items()}, "fuxictr.DIN": case(DIN, True)}
+
+
 class _Logits(torch.nn.Module):
     """A transformers model as a training loop calls it: token ids and an attention mask in, the
     logits out (its output object holds them among other things)."""
@@ -177,7 +312,7 @@ def _transformers_builders() -> dict[str, Callable[[int], Case]]:
 def library_cases() -> dict[str, Callable[[int], Case]]:
     """Builders (batch -> model, inputs) of every installed library's models."""
     cases: dict[str, Callable[[int], Case]] = {}
-    for builders in (_rechub_builders, _deepctr_builders, _transformers_builders):
+    for builders in (_rechub_builders, _deepctr_builders, _fuxictr_builders, _transformers_builders):
         try:
             cases.update(builders())
         except ImportError as exc:
