@@ -127,19 +127,20 @@ def _deepctr_builders() -> dict[str, Callable[[int], Case]]:
 
 def _fuxictr_builders() -> dict[str, Callable[[int], Case]]:
     """FuxiCTR's layers composed as its model zoo composes them: MMoE and PLE (``MLP_Block``
-    experts, gates and towers with batch norm and dropout), DCNv2 (``CrossNetMix`` or
+    experts, gates and towers with batch norm), DCNv2 (``CrossNetMix`` or
     ``CrossNetV2`` beside an ``MLP_Block``), xDeepFM (``CompressedInteractionNet``), FiBiNET
     (``SqueezeExcitation``, ``BilinearInteractionV2``) and DIN (``DIN_Attention`` with Dice over a
     masked history); the multi-task models' outputs concatenated. Eight categorical fields of
     16 dimensions, one table each, stacked as its ``FeatureEmbedding`` gives them (which needs a
-    dataset's ``FeatureMap``); dropout off (eager and compiled draw different masks)."""
+    dataset's ``FeatureMap``); dropout off, the layers' default (eager and compiled draw different
+    masks)."""
     from fuxictr.pytorch import layers as fx
 
-    fields, dim, vocab, drop = 8, 16, 100, 0.0
+    fields, dim, vocab = 8, 16, 100
     width = fields * dim
 
     def mlp(inputs: int, hidden: list[int], **kwargs: Any) -> torch.nn.Module:
-        return fx.MLP_Block(inputs, hidden, "ReLU", dropout_rates=drop, batch_norm=True, **kwargs)
+        return fx.MLP_Block(inputs, hidden, "ReLU", batch_norm=True, **kwargs)
 
     class Embed(torch.nn.Module):
         def __init__(self) -> None:
@@ -233,7 +234,7 @@ def _fuxictr_builders() -> dict[str, Callable[[int], Case]]:
             super().__init__()
             self.emb = Embed()
             self.item = torch.nn.Embedding(vocab, dim)
-            self.attention = fx.DIN_Attention(dim, [32], "Dice", dropout_rate=drop, batch_norm=True, use_softmax=True)
+            self.attention = fx.DIN_Attention(dim, [32], "Dice", batch_norm=True, use_softmax=True)
             self.dnn = mlp(width + 2 * dim, [32, 16], output_dim=1)
 
         def forward(self, x: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
