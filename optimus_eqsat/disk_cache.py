@@ -110,16 +110,23 @@ class DiskCache:
         return self.folder / f"{key}.pkl"
 
     def get(self, key: str) -> Any | None:
-        """The value stored under ``key``, or None (missing or unreadable: a miss, logged)."""
+        """The value stored under ``key``, or None (missing or unreadable, or a cache folder
+        that cannot be read: a miss, logged; never an error inside a user's compile)."""
         path = self._path(key)
         try:
             with open(path, "rb") as f:
                 return pickle.load(f)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a folder that cannot be one (a file on its path), no permission
+            log.info("optimus_eqsat: cache entry %s not read (%s)", path, exc)
+            return None
         except Exception as exc:  # a truncated or foreign file: drop it
             log.info("optimus_eqsat: unreadable cache entry %s dropped (%s)", path.name, exc)
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
             return None
 
     def put(self, key: str, value: Any) -> bool:

@@ -165,6 +165,25 @@ def test_an_unreadable_entry_is_a_miss_and_is_dropped(cache_dir):
     assert optimize_graph(gm, inputs, profile="h100").meta["optimus_eqsat"].from_cache  # rewritten whole
 
 
+def test_a_cache_folder_that_cannot_be_made_is_a_miss_not_an_error(tmp_path, monkeypatch):
+    """A cache path through a file (or ``XDG_CACHE_HOME=/dev/null`` in a container): every
+    lookup is a miss and every write is skipped, and the user's compile runs uncached."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("OPTIMUS_EQSAT_CACHE", "1")
+    monkeypatch.setenv("OPTIMUS_EQSAT_CACHE_DIR", str(blocker / "cache"))
+    cache = DiskCache("kind")
+    assert cache.get("k") is None and cache.put("k", 1) is False and len(cache) == 0
+    gm, inputs = _demo()
+    assert not optimize_graph(gm, inputs, profile="h100").meta["optimus_eqsat"].from_cache
+    # the backend's decision lookup (the measured choice on) read this folder first
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(3, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=make_backend(measure_budget_s=0.01))
+    torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_concurrent_writers_and_readers_see_whole_entries(cache_dir):
     cache = DiskCache("race")
     value = {"payload": list(range(20000))}
