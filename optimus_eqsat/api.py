@@ -103,7 +103,9 @@ def optimize_graph(
         report.fall_back(f"{exc}; kept the original")
         report.stop_reason = StopReason.TIME_LIMIT.value
         result = copy_module(gm)
-    except Exception as exc:
+    except BaseException as exc:  # (a panic in egglog's Rust code is a BaseException)
+        if not isinstance(exc, Exception) and not is_rust_panic(exc):
+            raise  # KeyboardInterrupt, SystemExit
         if is_dynamo_signal(exc):
             raise  # a control-flow signal of Dynamo's, not a failure
         if opts.raise_on_error:
@@ -116,6 +118,12 @@ def optimize_graph(
     if key is not None:
         store_program(key, gm, result, report, bool(wants_meta))
     return result
+
+
+def is_rust_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a panic raised by Rust code through pyo3 (egglog's): a
+    ``BaseException`` that a failed optimization must still catch and fall back on."""
+    return type(exc).__name__ == "PanicException"
 
 
 #: Tensor methods that register a gradient hook (Dynamo keeps them in the graph, as a method or

@@ -46,6 +46,7 @@ import logging
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -395,13 +396,14 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _stderr_silenced():
-        prof.start()
-    try:
-        step()
-    finally:
+    with _ONE_PROFILER:  # (threads serving one model decide each of their programs at once)
         with _stderr_silenced():
-            prof.stop()
+            prof.start()
+        try:
+            step()
+        finally:
+            with _stderr_silenced():
+                prof.stop()
     recorded = cast(Any, prof.profiler).kineto_results.events()  # (torch's stubs type it loosely)
     events = sorted((e.start_ns(), e.nbytes()) for e in recorded if e.name() == "[memory]")
     current = peak = 0
@@ -409,6 +411,11 @@ def step_peak_bytes(step: Callable[[], None], on_cuda: bool) -> int:
         current += nbytes
         peak = max(peak, current)
     return peak
+
+
+#: Held while this process's profiler runs: torch's profiler is one per process (two sessions
+#: at once crash it), and the standard error each silences must be restored in order.
+_ONE_PROFILER = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -513,13 +520,16 @@ class FirstCallChoice:
         self.run_at_compile_time = run_at_compile_time or (lambda program, args: program(*args))
         self.chosen: Program | None = None
         self.layout: list[Any] | None = None  # what a call at compile time returned
+        self._deciding = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         if self.chosen is None:
             if compile_time_call(args):
                 return self._undecided(args)
-            self.chosen = self.programs[self._decide(args)]
-            self.programs = {}  # the program not kept can be freed
+            with self._deciding:  # threads serving one model: the first decides, the rest wait
+                if self.chosen is None:
+                    self.chosen = self.programs[self._decide(args)]
+                    self.programs = {}  # the program not kept can be freed
         return self.chosen(*args)
 
     def _undecided(self, args: Sequence[Any]) -> Any:

@@ -32,6 +32,7 @@ with grad enabled and a parameter requiring grad runs the prologue with autograd
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Sequence
@@ -247,6 +248,15 @@ def _owns_storage(p: torch.Tensor) -> bool:
     return p.is_contiguous() and p.storage_offset() == 0 and storage.nbytes() == p.nbytes and users <= 2
 
 
+def _dynamo_compile_lock() -> contextlib.AbstractContextManager:
+    """Dynamo's lock around a compile (re-entrant; none where torch has no such lock): the
+    parameters move only while no other thread's compile is reading them (it fakeifies each
+    parameter, and a parameter half moved fails that compile: threads serving one model)."""
+    from torch._dynamo import convert_frame
+
+    return getattr(convert_frame, "compile_lock", None) or contextlib.nullcontext()
+
+
 class _PackedPrologue(fx.Interpreter):
     """The prologue, with each pack's stack read where its parameters lie when they are packed
     (a view of their storage) instead of copied."""
@@ -303,11 +313,12 @@ class CachedParameterWork:
         # trained eagerly afterwards
         with torch.inference_mode(False), torch.no_grad():
             if self._ptrs is None and not self._all_packed(params):  # the first run: pack
-                outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
-                for index, members in self.packs:
-                    group = [params[i] for i in members]
-                    if not _adjacent(group) and not self._pack(group, outs[index]):
-                        break
+                with _dynamo_compile_lock():
+                    outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
+                    for index, members in self.packs:
+                        group = [params[i] for i in members]
+                        if not _adjacent(group) and not self._pack(group, outs[index]):
+                            break
             if not self._all_packed(params):
                 log.info("optimus_eqsat: a parameter is shared or moved; its stack is built every step")
                 self.live = False

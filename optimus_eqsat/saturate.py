@@ -123,19 +123,27 @@ class _PreparedEGraphs:
     back restores the mark (``pop``: facts, unions and rule runs gone, as in a fresh one).
     An e-graph taken is held by one session only; a run that fails, or that hands its
     session to the caller (the explorer), never gives it back: it is dropped with the session.
+
+    egglog's e-graphs belong to the thread that made them (using or dropping one in another
+    thread panics in its Rust code), so each thread keeps its own pool: a model compiled in
+    a serving thread after another compiled in the main thread builds its own.
     """
 
     MAX_IDLE = 2  # prepared e-graphs kept per choice of rule sets
     MAX_CHOICES = 8  # choices of rule sets kept (least recently used dropped)
 
     def __init__(self) -> None:
-        self._idle: OrderedDict[tuple, list] = OrderedDict()
-        self._lock = threading.Lock()  # (runs in other threads take and give back too)
+        self._local = threading.local()
+
+    def _idle(self) -> OrderedDict[tuple, list]:
+        """This thread's idle e-graphs by choice of rule sets."""
+        if not hasattr(self._local, "idle"):
+            self._local.idle = OrderedDict()
+        return self._local.idle
 
     def take(self, programs: tuple[tuple[str, str], ...]) -> Any:
-        with self._lock:
-            idle = self._idle.get(programs)
-            egraph = idle.pop() if idle else None
+        idle = self._idle().get(programs)
+        egraph = idle.pop() if idle else None
         if egraph is None:
             egraph = _language_egraph()
             for program, name in programs:
@@ -144,17 +152,15 @@ class _PreparedEGraphs:
         return egraph
 
     def give_back(self, programs: tuple[tuple[str, str], ...], egraph: Any) -> None:
-        with self._lock:
-            idle = self._idle.setdefault(programs, [])
-            self._idle.move_to_end(programs)
-            while len(self._idle) > self.MAX_CHOICES:
-                self._idle.popitem(last=False)
-            if len(idle) >= self.MAX_IDLE:
-                return  # (dropped: restoring it would be wasted work)
+        pool = self._idle()
+        idle = pool.setdefault(programs, [])
+        pool.move_to_end(programs)
+        while len(pool) > self.MAX_CHOICES:
+            pool.popitem(last=False)
+        if len(idle) >= self.MAX_IDLE:
+            return  # (dropped: restoring it would be wasted work)
         egraph.run_program(*_parsed("(pop)"))
-        with self._lock:
-            if len(idle) < self.MAX_IDLE:
-                idle.append(egraph)
+        idle.append(egraph)
 
 
 _PREPARED = _PreparedEGraphs()
