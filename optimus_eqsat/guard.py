@@ -58,7 +58,7 @@ import torch.fx
 from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
 from optimus_eqsat.fxvocab.meta import copied_inputs, input_versions, warn_if_written
 from optimus_eqsat.fxvocab.mutation import written_inputs
-from optimus_eqsat.inductor_compat import first_line
+from optimus_eqsat.inductor_compat import dynamo_compile_lock, first_line
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -477,7 +477,7 @@ class Deferred:
 
     def __call__(self) -> Program:
         start = time.perf_counter()
-        with self._context.entered():
+        with dynamo_compile_lock(), self._context.entered():  # (threads: one compile at a time)
             program = self._compile()
         self.compile_s = time.perf_counter() - start
         return program

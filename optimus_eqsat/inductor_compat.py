@@ -152,6 +152,16 @@ def turn_off_inplace_buffers() -> None:
         setattr(config, key, value)
 
 
+def dynamo_compile_lock() -> contextlib.AbstractContextManager:
+    """Dynamo's lock around a compile (re-entrant; none where torch has no such lock). Work
+    of ours that runs outside Dynamo's compile yet must not overlap another thread's compile
+    holds it: a compile on the first call (it patches Inductor's process-wide config), and the
+    parameter cache moving parameters (a compile fakeifies each parameter it reads)."""
+    from torch._dynamo import convert_frame
+
+    return getattr(convert_frame, "compile_lock", None) or contextlib.nullcontext()
+
+
 def is_dynamo_signal(exc: BaseException) -> bool:
     """Whether ``exc`` is one of Dynamo's control-flow signals rather than a failure.
 

@@ -32,7 +32,6 @@ with grad enabled and a parameter requiring grad runs the prologue with autograd
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from optimus_eqsat.extract.freezing import outermost, parameter_values
 from optimus_eqsat.fxvocab import VIEW_OPS, WHOLE_VIEW_OPS
 from optimus_eqsat.fxvocab.names import canonical_name
 from optimus_eqsat.guard import resident_bytes
+from optimus_eqsat.inductor_compat import dynamo_compile_lock
 from optimus_eqsat.translate import written_memory
 
 log = logging.getLogger(__name__)
@@ -248,15 +248,6 @@ def _owns_storage(p: torch.Tensor) -> bool:
     return p.is_contiguous() and p.storage_offset() == 0 and storage.nbytes() == p.nbytes and users <= 2
 
 
-def _dynamo_compile_lock() -> contextlib.AbstractContextManager:
-    """Dynamo's lock around a compile (re-entrant; none where torch has no such lock): the
-    parameters move only while no other thread's compile is reading them (it fakeifies each
-    parameter, and a parameter half moved fails that compile: threads serving one model)."""
-    from torch._dynamo import convert_frame
-
-    return getattr(convert_frame, "compile_lock", None) or contextlib.nullcontext()
-
-
 class _PackedPrologue(fx.Interpreter):
     """The prologue, with each pack's stack read where its parameters lie when they are packed
     (a view of their storage) instead of copied."""
@@ -313,7 +304,7 @@ class CachedParameterWork:
         # trained eagerly afterwards
         with torch.inference_mode(False), torch.no_grad():
             if self._ptrs is None and not self._all_packed(params):  # the first run: pack
-                with _dynamo_compile_lock():
+                with dynamo_compile_lock():  # (a compile in another thread fakeifies them)
                     outs = _PackedPrologue(self.prologue, self.packs, params).run(*params)
                     for index, members in self.packs:
                         group = [params[i] for i in members]

@@ -3,8 +3,9 @@
 
 Each test here failed before its fix: egglog's e-graphs panic when used in a thread other
 than their maker's, two first calls of one measured program both decided (the second found
-the programs freed), two profiler sessions at once crash torch's profiler, and a parameter
-packed into its stack while another thread's compile fakeified it failed that compile."""
+the programs freed), a compile on a first call overlapped another thread's, two profiler
+sessions at once crash torch's profiler, and a parameter packed into its stack while another
+thread's compile fakeified it failed that compile."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from torch._dynamo import convert_frame
 
 from benchmarks.synthetic import split_cat_chain
 from optimus_eqsat import optimize_graph
-from optimus_eqsat.guard import FirstCallChoice, GuardResult, step_peak_bytes
+from optimus_eqsat.guard import Deferred, FirstCallChoice, GuardResult, step_peak_bytes
 from optimus_eqsat.parameter_cache import CachedParameterWork, split_parameter_work
 from tests.test_parameter_cache import _stacked_linears
 
@@ -102,6 +103,19 @@ def test_parameters_move_into_their_stacks_only_while_no_compile_runs():
     assert done.is_set() and [p.data_ptr() for p in params] != where
     with torch.no_grad():
         torch.testing.assert_close(program(*inputs), gm(*inputs))
+
+
+def test_a_compile_on_the_first_call_waits_for_another_threads_compile():
+    """(It patches Inductor's config, which is the process's, not the thread's.)"""
+    compiled = Deferred(lambda: "program")
+    got: list = []
+    with convert_frame.compile_lock:
+        first = threading.Thread(target=lambda: got.append(compiled()))
+        first.start()
+        first.join(0.3)
+        assert first.is_alive() and not got
+    first.join()
+    assert got == ["program"]
 
 
 @pytest.mark.slow
