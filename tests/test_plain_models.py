@@ -1,6 +1,7 @@
 """Models with nothing to batch (a ResNet, a BERT) through the default backend in training.
 
-Users turn the backend on for every model they train: on these the optimizer finds
+Users turn the backend on for every model they train: on these (and on blocks as torchvision
+writes them: EfficientNet, ConvNeXt, Swin) the optimizer finds
 nothing worth a different program, and a training step must equal eager's (outputs,
 gradients, batch norms' running statistics). Small versions of
 ``benchmarks/plain_models.py``'s models (their compile time is that benchmark's).
@@ -12,6 +13,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn as nn
 
 from benchmarks.plain_models import Bert, ResNet18
 from optimus_eqsat.backend import make_backend
@@ -49,3 +51,114 @@ def test_training_step_equals_eager(name: str) -> None:
     # compiles once: benchmarks/nothing_to_batch.py) and never failed
     assert backend.reports and all(r.measured is not None for r in backend.reports)
     assert not any("measurement failed" in (r.fallback_reason or "") for r in backend.reports)
+
+
+def _stochastic_depth(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """torchvision's ``stochastic_depth`` (mode "row"): an in-place Bernoulli draw per sample."""
+    if not training or p == 0.0:
+        return x
+    noise = torch.empty([x.shape[0]] + [1] * (x.ndim - 1), dtype=x.dtype, device=x.device).bernoulli_(1 - p)
+    return x * noise.div_(1 - p)
+
+
+class _MBConv(nn.Module):
+    """EfficientNet's block as torchvision writes it: expand, depthwise, squeeze-excitation,
+    project, stochastic depth on the residual."""
+
+    def __init__(self, c: int, p: float) -> None:
+        super().__init__()
+        h, self.p = 4 * c, p
+        self.expand = nn.Sequential(nn.Conv2d(c, h, 1, bias=False), nn.BatchNorm2d(h), nn.SiLU(inplace=True))
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(h, h, 3, 1, 1, groups=h, bias=False), nn.BatchNorm2d(h), nn.SiLU(inplace=True)
+        )
+        self.squeeze, self.excite = nn.Conv2d(h, 2, 1), nn.Conv2d(2, h, 1)
+        self.project = nn.Sequential(nn.Conv2d(h, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.depthwise(self.expand(x))
+        h = h * torch.sigmoid(self.excite(nn.functional.silu(self.squeeze(nn.functional.adaptive_avg_pool2d(h, 1)))))
+        return x + _stochastic_depth(self.project(h), self.p, self.training)
+
+
+class _ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: depthwise 7x7, LayerNorm over channels last, an MLP, layer scale."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.dw, self.norm = nn.Conv2d(d, d, 7, padding=3, groups=d), nn.LayerNorm(d, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.gamma = nn.Parameter(torch.full((d, 1, 1), 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc2(nn.functional.gelu(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1)))))
+        return x + self.gamma * y.permute(0, 3, 1, 2)
+
+
+class _ShiftedWindows(nn.Module):
+    """Swin's shifted-window attention: roll, partition into windows, attention, merge, roll back."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.norm, self.qkv, self.proj = nn.LayerNorm(c), nn.Linear(c, 3 * c), nn.Linear(c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 8, 8, C)
+        b, h, w, c = x.shape
+        y = torch.roll(self.norm(x), shifts=(-2, -2), dims=(1, 2))
+        y = y.view(b, 2, 4, 2, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 16, c)
+        q, k, v = self.qkv(y).reshape(y.shape[0], 16, 3, 2, c // 2).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, 16, c)
+        y = self.proj(a).view(b, 2, 2, 4, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        return x + torch.roll(y, shifts=(2, 2), dims=(1, 2))
+
+
+def _vision(name: str, p: float = 0.0) -> nn.Module:
+    if name == "efficientnet":
+        body = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), _MBConv(8, p), _MBConv(8, p))
+    elif name == "convnext":
+        body = nn.Sequential(nn.Conv2d(3, 16, 4, 4), _ConvNeXtBlock(16), _ConvNeXtBlock(16))
+    else:
+        body = nn.Sequential(nn.Conv2d(3, 16, 4, 4), Permute(0, 2, 3, 1), _ShiftedWindows(), Permute(0, 3, 1, 2))
+    return nn.Sequential(body, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LazyLinear(10))
+
+
+class Permute(nn.Module):
+    """``x.permute(*dims)`` as a module."""
+
+    def __init__(self, *dims: int) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(*self.dims)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["efficientnet", "convnext", "swin"])
+def test_vision_blocks_train_and_serve_as_eager(name: str) -> None:
+    """Blocks as torchvision writes them (depthwise convolutions, squeeze-excitation, channels-last
+    LayerNorm and layer scale, shifted windows): two SGD steps and eval outputs equal eager's;
+    with stochastic depth on, a step runs (its draws are Inductor's, not eager's)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 32, 32)
+    model = _vision(name)
+    model(x)  # (materializes the lazy head)
+    ours = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend=make_backend(measure_budget_s=0.05))
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ours)]
+    for step in range(2):
+        for run, opt in zip((model, compiled), sgd):
+            run(x + step).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for (n, a), b in zip(model.state_dict().items(), ours.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    model.eval(), ours.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    if name == "efficientnet":
+        dropped = _vision(name, p=0.5)
+        dropped(x)
+        torch.compile(dropped, backend=make_backend(measure_budget_s=0.05))(x).sum().backward()
+        assert all(p.grad is not None for p in dropped.parameters())
