@@ -116,10 +116,11 @@ def _child_time(name: str, method: str, mode: str, batch: int, cache: str) -> tu
 
 
 def byte_compile_package() -> None:
-    """Write this package's bytecode where imports find it, as a wheel's install does."""
-    import optimus_eqsat
+    """Write this package's bytecode where imports find it, as a wheel's install does (its
+    rewrites/ and extract/ too: links in a checkout, which ``compile_dir`` does not follow)."""
+    from optimus_eqsat.disk_cache import source_roots
 
-    for folder in optimus_eqsat.__path__:
+    for folder in source_roots():
         compileall.compile_dir(folder, quiet=1)
 
 
