@@ -112,16 +112,6 @@ class _ShiftedWindows(nn.Module):
         return x + torch.roll(y, shifts=(2, 2), dims=(1, 2))
 
 
-def _vision(name: str, p: float = 0.0) -> nn.Module:
-    if name == "efficientnet":
-        body = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), _MBConv(8, p), _MBConv(8, p))
-    elif name == "convnext":
-        body = nn.Sequential(nn.Conv2d(3, 16, 4, 4), _ConvNeXtBlock(16), _ConvNeXtBlock(16))
-    else:
-        body = nn.Sequential(nn.Conv2d(3, 16, 4, 4), Permute(0, 2, 3, 1), _ShiftedWindows(), Permute(0, 3, 1, 2))
-    return nn.Sequential(body, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LazyLinear(10))
-
-
 class Permute(nn.Module):
     """``x.permute(*dims)`` as a module."""
 
@@ -131,6 +121,16 @@ class Permute(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.permute(*self.dims)
+
+
+def _vision(name: str, p: float = 0.0) -> nn.Module:
+    if name == "efficientnet":
+        body = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), _MBConv(8, p), _MBConv(8, p))
+    elif name == "convnext":
+        body = nn.Sequential(nn.Conv2d(3, 16, 4, 4), _ConvNeXtBlock(16), _ConvNeXtBlock(16))
+    else:
+        body = nn.Sequential(nn.Conv2d(3, 16, 4, 4), Permute(0, 2, 3, 1), _ShiftedWindows(), Permute(0, 3, 1, 2))
+    return nn.Sequential(body, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LazyLinear(10))
 
 
 @pytest.mark.slow
@@ -154,7 +154,8 @@ def test_vision_blocks_train_and_serve_as_eager(name: str) -> None:
             opt.zero_grad()
     for (n, a), b in zip(model.state_dict().items(), ours.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
-    model.eval(), ours.eval()
+    model.eval()
+    ours.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     if name == "efficientnet":
