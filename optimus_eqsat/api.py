@@ -33,6 +33,7 @@ from optimus_eqsat.fxvocab.global_state import (
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
+from optimus_eqsat.module_calls import functional_module_calls
 from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
 from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
@@ -205,8 +206,10 @@ class OptimizationRun:
                 # the e-graph's equalities hold for ops autocast leaves alone
                 explicit = with_explicit_casts(self.source, self.autocast)
                 self.source, self.autocast_off = explicit.gm, explicit.needs_autocast_off
-            # private in-place ops made out-of-place, eval-mode batch norms made elementwise
-            self.translation = t = translate(before_translation(self.source), self.example_inputs)
+            # norm and dropout modules (symbolic_trace) as Dynamo traces them; private in-place
+            # ops made out-of-place, batch norms decomposed, dropouts sharing their draws
+            source = functional_module_calls(self.source, self.example_inputs)
+            self.translation = t = translate(before_translation(source), self.example_inputs)
         budget.fx_nodes = len(t.nodes)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
         if not t.roots:  # (pieces Dynamo hands over may return only None or constants)

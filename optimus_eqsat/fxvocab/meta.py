@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import unittest.mock
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,17 +334,12 @@ def record_shapes(gm: torch.fx.GraphModule, example_inputs: tuple | list) -> dic
     recorder = _Recorder(gm)
     example_inputs = concrete_inputs(example_inputs) or []  # a SymInt input runs at its hint
     before = input_versions(example_inputs)
-    # a module's own buffers (a traced BatchNorm module's statistics) and the parameters the
-    # graph writes (the table of an embedding with max_norm) are put back after
-    params = dict(gm.named_parameters())
-    state = [b for _, b in gm.named_buffers()] + [params[n] for n in sorted(written_attributes(gm)) if n in params]
-    saved = list(zip(state, copied_inputs(state, RUN_COPY_BYTES)))
-    # (and the caller's RNG state: a dropout in the graph draws from it)
+    # (the caller's RNG state is put back too: a dropout in the graph draws from it)
     devices = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
     try:
         with (
             torch.no_grad(),
-            _restoring(saved),
+            module_state_kept(gm),
             torch.random.fork_rng(devices=devices),
             _in_fake_mode_of(example_inputs),
         ):
@@ -370,6 +365,17 @@ def _in_fake_mode_of(example_inputs: Sequence[Any]) -> Any:
         yield
         return
     with fake_mode, unittest.mock.patch.object(fake_mode, "allow_non_fake_inputs", True):
+        yield
+
+
+@contextlib.contextmanager
+def module_state_kept(gm: torch.fx.GraphModule) -> Iterator[None]:
+    """Put ``gm``'s buffers (a traced batch-norm module's statistics and count) and the
+    parameters its graph writes (the table of an embedding with ``max_norm``) back as they
+    were after the block: a run of the graph for its shapes must leave the model alone."""
+    params = dict(gm.named_parameters())
+    state = [b for _, b in gm.named_buffers()] + [params[n] for n in sorted(written_attributes(gm)) if n in params]
+    with _restoring(list(zip(state, copied_inputs(state, RUN_COPY_BYTES)))):
         yield
 
 

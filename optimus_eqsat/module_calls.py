@@ -1,0 +1,104 @@
+"""Batch norms and dropouts that ``torch.fx.symbolic_trace`` keeps module calls, written as the
+functional calls Dynamo and ``torch.export`` trace them to.
+
+``symbolic_trace`` records ``nn.BatchNorm1d`` and ``nn.Dropout`` as ``call_module`` nodes, and
+its graphs have no fake-tensor meta; Dynamo and export inline the modules' forwards
+(``num_batches_tracked.add_(1)`` and ``F.batch_norm``; ``F.dropout``) and carry meta. The
+batch-norm decompositions and the dropouts' shared draws (:mod:`.decompose`,
+:mod:`.dropout_draws`) read that functional form, and its meta, alone: in a traced model
+every norm and dropout stayed one opaque call, which walled off each expert of a multi-task
+MLP from the others, so ``optimize_graph(symbolic_trace(model))`` batched nothing a Dynamo
+graph of the same model batches. :func:`functional_module_calls` rewrites such calls, on a
+copy, as the module's forward would run them, and gives the copy fake-tensor meta from the
+example inputs.
+
+Left as module calls: subclasses (their forward may differ), a training norm with
+``momentum=None`` (its factor ``1 / num_batches_tracked`` is read from a buffer at run
+time, where Dynamo reads it once as a constant), and any norm whose input rank the module
+rejects (its own check raises there; the functional op would not). Without example inputs
+or meta for every placeholder, nothing is rewritten.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from optimus_eqsat.fx_graphs import copy_module
+from optimus_eqsat.fxvocab.meta import meta_value, module_state_kept
+from optimus_eqsat.rebuild import propagate_meta
+
+__all__ = ["functional_module_calls"]
+
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _inlinable(module: nn.Module) -> bool:
+    """Whether a call of ``module`` is written out here (exact types only)."""
+    if type(module) in _NORMS:
+        norm: Any = module
+        return not (norm.training and norm.track_running_stats and norm.momentum is None)
+    return type(module) is nn.Dropout
+
+
+def functional_module_calls(gm: torch.fx.GraphModule, example_inputs: Any = None) -> torch.fx.GraphModule:
+    """``gm`` itself when it calls no batch norm or dropout module this rewrites (see the
+    module docstring), or when no fake-tensor meta can be propagated through the rewritten
+    graph; else a copy (sharing ``gm``'s parameters, buffers and submodules) where each such
+    call is the functional form its forward runs, every node with ``meta["val"]``."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_module" and _inlinable(gm.get_submodule(str(n.target)))]
+    if not calls or any(len(n.args) != 1 or n.kwargs for n in calls):
+        return gm
+    out = copy_module(gm)
+    names = {c.name for c in calls}
+    norm_inputs: list[tuple[nn.Module, torch.fx.Node]] = []
+    for node in [n for n in out.graph.nodes if n.name in names]:
+        module, x = out.get_submodule(str(node.target)), node.args[0]
+        with out.graph.inserting_before(node):
+            if type(module) is nn.Dropout:
+                new = out.graph.call_function(F.dropout, (x, module.p, module.training, module.inplace))
+            else:
+                new = _batch_norm(out.graph, str(node.target), module, x)
+                norm_inputs.append((module, cast(torch.fx.Node, x)))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        out.graph.erase_node(node)
+    out.graph.lint()
+    out.recompile()
+    with module_state_kept(out):  # (a module call left in the graph runs on fake inputs there)
+        propagated = propagate_meta(out, example_inputs)
+    if not propagated:
+        return gm
+    for module, x in norm_inputs:  # the module's own check of its input's rank
+        try:
+            module._check_input_dim(meta_value(x))  # type: ignore[operator]
+        except (ValueError, TypeError, AttributeError):
+            return gm
+    return out
+
+
+def _batch_norm(graph: torch.fx.Graph, path: str, norm: Any, x: Any) -> torch.fx.Node:
+    """``norm(x)`` as ``_BatchNorm.forward`` runs it: the count's increment in training, then
+    ``F.batch_norm`` (whose running statistics are written in training)."""
+
+    first_op = next(n for n in graph.nodes if n.op != "placeholder")
+
+    def attr(name: str) -> torch.fx.Node | None:
+        # read at the top, as Dynamo's inputs are: the norms' count increments are merged
+        # into one op before the first of them (decompose.py), which must see every buffer
+        if getattr(norm, name) is None:
+            return None
+        with graph.inserting_before(first_op):
+            return graph.get_attr(f"{path}.{name}")
+
+    if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
+        graph.call_method("add_", (attr("num_batches_tracked"), 1))
+    factor = 0.0 if norm.momentum is None else norm.momentum
+    training = norm.training or (norm.running_mean is None and norm.running_var is None)
+    keep_stats = not norm.training or norm.track_running_stats
+    stats = (attr("running_mean"), attr("running_var")) if keep_stats else (None, None)
+    return graph.call_function(F.batch_norm, (x, *stats, attr("weight"), attr("bias"), training, factor, norm.eps))
