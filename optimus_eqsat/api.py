@@ -12,6 +12,7 @@ import torch
 import torch.fx
 
 from optimus_eqsat import rewrites
+from optimus_eqsat.aten_calls import torch_calls
 from optimus_eqsat.autocast_casts import autocast_casts_in, autocast_off, with_explicit_casts, without_autocast
 from optimus_eqsat.budget import Budget
 from optimus_eqsat.checkpoint_regions import with_regions_inlined
@@ -206,9 +207,10 @@ class OptimizationRun:
                 # the e-graph's equalities hold for ops autocast leaves alone
                 explicit = with_explicit_casts(self.source, self.autocast)
                 self.source, self.autocast_off = explicit.gm, explicit.needs_autocast_off
-            # norm and dropout modules (symbolic_trace) as Dynamo traces them; private in-place
-            # ops made out-of-place, batch norms decomposed, dropouts sharing their draws
-            source = functional_module_calls(self.source, self.example_inputs)
+            # norm and dropout modules (symbolic_trace) and aten calls (torch.export) as Dynamo
+            # traces them; private in-place ops made out-of-place, batch norms decomposed,
+            # dropouts sharing their draws
+            source = functional_module_calls(torch_calls(self.source), self.example_inputs)
             self.translation = t = translate(before_translation(source), self.example_inputs)
         budget.fx_nodes = len(t.nodes)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
