@@ -365,7 +365,8 @@ def h_dropout(ctx: Context, a: dict[str, Any]) -> Term:
 # ---------------------------------------------------------------- arithmetic
 
 _ARITH = set(BINARY_KEYS)  # (their FX names are their keys)
-_REVERSED = {"radd": ADD, "rmul": MUL, "rsub": RSUB, "rdiv": RDIV, "rpow": RPOW}  # FX name -> key
+# Reflected ops (``torch.rsub(x, c)`` and ``x.__rsub__(c)`` are ``c - x``): swapped, the plain op
+_REVERSED = {"radd": ADD, "rmul": MUL, "rsub": SUB, "rdiv": DIV, "rpow": POW}  # FX name -> key
 _COMMUTATIVE = {ADD, MUL, MAXIMUM, MINIMUM}
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from optimus_eqsat import rewrites
+from optimus_eqsat import optimize_graph, rewrites
 from optimus_eqsat.term import Unary
 from optimus_eqsat.translate import translate
 from tests.helpers import op_counts, optimize_and_check
@@ -105,6 +105,33 @@ def test_neg_key_is_fixed():
     assert len(negs) == 4 and all(isinstance(t, Unary) and t.op == "neg" for t in negs), negs
     gm, counts, _ = opt(fn, x34())
     assert counts["neg"] == 1, counts  # one key: the four negs are one e-class
+
+
+def test_reflected_ops_are_the_plain_op_swapped():
+    """``torch.rsub(x, c)`` is ``c - x`` (aten.rsub of an exported graph, tabular models' ``1.3 -
+    x``), ``x.__rtruediv__(c)`` is ``c / x``: as terms, not a failed translation (it raised a
+    KeyError for a scalar, and the whole graph fell back)."""
+
+    def fn(x, y):
+        a = torch.rsub(x, 1.3) * 2 + torch.rsub(x, y) * 3
+        return a + x.__rsub__(2.0) + (x.abs() + 1).__rtruediv__(3.0) + x.__rpow__(2.0)
+
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    graphs = [torch.fx.symbolic_trace(fn), torch.export.export(_Fn(fn), (x, y)).module()]
+    for gm in graphs:
+        optimized = optimize_graph(gm, (x, y), raise_on_error=True, never_worse=False)
+        report = optimized.meta["optimus_eqsat"]
+        assert not [name for name, why in report.opaque_nodes.items() if "Guards" not in why], report.opaque_nodes
+        torch.testing.assert_close(optimized(x, y), fn(x, y))
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
 
 
 # ---------------------------------------------------------------- scalar constant folding
