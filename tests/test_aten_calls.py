@@ -97,3 +97,19 @@ def test_exported_experts_batch_in_inference(build: Any) -> None:
         want = exported(x)
         got = _optimized(exported, (x,), "inference")(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_exported_with_a_dynamic_batch_serves_every_batch_as_eager() -> None:
+    """The serving path (docs/serving.md) on a model with batch norms and in-place ReLUs: export
+    with a dynamic batch, optimize, export again; the re-exported program equals eager at batch
+    sizes other than the example's."""
+    model, (x,) = small_deepctr_mmoe(16)
+    model.eval()
+    batch = torch.export.Dim("batch", min=2, max=1024)
+    exported = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+    optimized = _optimized(exported.module(), (x,), "inference")
+    reexported = torch.export.export(optimized, (x,), dynamic_shapes=({0: batch},))
+    for size in (5, 64):
+        _, (other,) = small_deepctr_mmoe(size, seed=3)
+        with torch.no_grad():
+            torch.testing.assert_close(reexported.module()(other), model(other), rtol=1e-5, atol=1e-6)
