@@ -55,6 +55,9 @@ def functional_module_calls(gm: torch.fx.GraphModule, example_inputs: Any = None
         return gm
     out = copy_module(gm)
     names = {c.name for c in calls}
+    # buffers are read at the top, as Dynamo's inputs are: the norms' count increments are
+    # merged into one op before the first of them (decompose.py), which must see every buffer
+    top = next(n for n in out.graph.nodes if n.op != "placeholder")
     norm_inputs: list[tuple[nn.Module, torch.fx.Node]] = []
     for node in [n for n in out.graph.nodes if n.name in names]:
         module, x = out.get_submodule(str(node.target)), node.args[0]
@@ -62,7 +65,7 @@ def functional_module_calls(gm: torch.fx.GraphModule, example_inputs: Any = None
             if type(module) is nn.Dropout:
                 new = out.graph.call_function(F.dropout, (x, module.p, module.training, module.inplace))
             else:
-                new = _batch_norm(out.graph, str(node.target), module, x)
+                new = _batch_norm(out.graph, top, str(node.target), module, x)
                 norm_inputs.append((module, cast(torch.fx.Node, x)))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
@@ -81,18 +84,15 @@ def functional_module_calls(gm: torch.fx.GraphModule, example_inputs: Any = None
     return out
 
 
-def _batch_norm(graph: torch.fx.Graph, path: str, norm: Any, x: Any) -> torch.fx.Node:
+def _batch_norm(graph: torch.fx.Graph, top: torch.fx.Node, path: str, norm: Any, x: Any) -> torch.fx.Node:
     """``norm(x)`` as ``_BatchNorm.forward`` runs it: the count's increment in training, then
-    ``F.batch_norm`` (whose running statistics are written in training)."""
-
-    first_op = next(n for n in graph.nodes if n.op != "placeholder")
+    ``F.batch_norm`` (whose running statistics are written in training); the module's
+    parameters and buffers read before ``top``."""
 
     def attr(name: str) -> torch.fx.Node | None:
-        # read at the top, as Dynamo's inputs are: the norms' count increments are merged
-        # into one op before the first of them (decompose.py), which must see every buffer
         if getattr(norm, name) is None:
             return None
-        with graph.inserting_before(first_op):
+        with graph.inserting_before(top):
             return graph.get_attr(f"{path}.{name}")
 
     if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
