@@ -16,8 +16,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.aten_calls import torch_calls
 from tests.library_style import set_dropout
-from tests.test_library_training import _double, assert_same_steps, small_deepctr_mmoe, step_inputs, train
-from tests.test_module_calls import small_deepctr_ple
+from tests.test_library_training import (
+    _double,
+    assert_same_steps,
+    small_deepctr_mmoe,
+    small_deepctr_ple,
+    step_inputs,
+    train,
+)
 
 ATEN = torch.ops.aten
 

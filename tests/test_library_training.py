@@ -240,19 +240,29 @@ def small_rechub_mmoe(checkpoint_experts: bool = False) -> Callable[..., tuple[n
     return build
 
 
-def small_deepctr_mmoe(batch: int, seed: int = 0) -> tuple[nn.Module, Inputs]:
-    """deepctr's MMOE, small, its weights drawn with std 0.05 (deepctr's ``init_std``; its default
-    1e-4 leaves eager's float32 gradients 15% off float64, see :func:`_check`)."""
+def _small_deepctr(cls: type[nn.Module], batch: int, seed: int, **sizes: Any) -> tuple[nn.Module, Inputs]:
+    """A deepctr multi-task model, small, its weights drawn with std 0.05 (deepctr's ``init_std``;
+    its default 1e-4 leaves eager's float32 gradients 15% off float64, see :func:`_check`)."""
     torch.manual_seed(0)
-    model = DeepctrMMOE(
-        num_experts=3,
+    model = cls(
         expert_dnn_hidden_units=(16, 8),
         gate_dnn_hidden_units=(8,),
         tower_dnn_hidden_units=(8,),
         init_std=0.05,
+        **sizes,
         **DEEPCTR_TRAINING,
     ).train()
     return model, (deepctr_inputs(batch, seed=seed),)
+
+
+def small_deepctr_mmoe(batch: int, seed: int = 0) -> tuple[nn.Module, Inputs]:
+    """deepctr's MMOE of three experts, small (:func:`_small_deepctr`)."""
+    return _small_deepctr(DeepctrMMOE, batch, seed, num_experts=3)
+
+
+def small_deepctr_ple(batch: int, seed: int = 0) -> tuple[nn.Module, Inputs]:
+    """deepctr's PLE, small: two levels of one shared and one specific expert per task."""
+    return _small_deepctr(DeepctrPLE, batch, seed)
 
 
 def test_small_deepctr_mmoe_steps_equal_eager() -> None:

@@ -16,8 +16,16 @@ from torch.fx import symbolic_trace
 
 from optimus_eqsat import optimize_graph
 from optimus_eqsat.module_calls import functional_module_calls
-from tests.library_style import DEEPCTR_TRAINING, DeepctrPLE, deepctr_inputs, set_dropout
-from tests.test_library_training import Step, _double, assert_same_steps, small_deepctr_mmoe, step_inputs, train
+from tests.library_style import set_dropout
+from tests.test_library_training import (
+    Step,
+    _double,
+    assert_same_steps,
+    small_deepctr_mmoe,
+    small_deepctr_ple,
+    step_inputs,
+    train,
+)
 
 
 def _module_calls(gm: torch.fx.GraphModule) -> list[type]:
@@ -82,19 +90,6 @@ def test_calls_the_functional_form_would_change_stay_module_calls() -> None:
     # no example inputs and no meta: no shapes to rewrite by
     gm = symbolic_trace(_layer(nn.BatchNorm1d(4)))
     assert functional_module_calls(gm, None) is gm
-
-
-def small_deepctr_ple(batch: int, seed: int = 0) -> tuple[nn.Module, tuple[Any, ...]]:
-    """deepctr's PLE, small (two levels of one shared and one specific expert per task)."""
-    torch.manual_seed(0)
-    model = DeepctrPLE(
-        expert_dnn_hidden_units=(16, 8),
-        gate_dnn_hidden_units=(8,),
-        tower_dnn_hidden_units=(8,),
-        init_std=0.05,
-        **DEEPCTR_TRAINING,
-    ).train()
-    return model, (deepctr_inputs(batch, seed=seed),)
 
 
 # (torch-rechub's models branch on their inputs' ranks in Python: symbolic_trace cannot trace them)

