@@ -23,7 +23,7 @@ from optimus_eqsat.extract.egraph_cost import EGraphCost
 from optimus_eqsat.extract.extractors import get_extractor
 from optimus_eqsat.extract.freezing import parameter_placeholders
 from optimus_eqsat.extract.group_search import GroupMove, batch_group_moves, improve_with_groups
-from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, op_count
+from optimus_eqsat.fx_graphs import copy_module, has_fake_meta, keep_unread_state, op_count
 from optimus_eqsat.fxvocab import flat_example_inputs, target_name
 from optimus_eqsat.fxvocab.global_state import (
     ambient_autocast,
@@ -85,7 +85,7 @@ def optimize_graph(
     key = program_key(gm, example_inputs, opts)
     cached = load_program(key, gm, example_inputs) if key is not None else None
     if cached is not None:
-        return cached
+        return keep_unread_state(gm, cached)
     report = OptimizeReport(nodes_before=op_count(gm))
     wants_meta = None  # whether the run propagated fake-tensor meta (known once it ran)
     try:
@@ -117,6 +117,7 @@ def optimize_graph(
         result = copy_module(gm)
     report.nodes_after = op_count(result)
     result.meta["optimus_eqsat"] = report
+    keep_unread_state(gm, result)
     if key is not None:
         store_program(key, gm, result, report, bool(wants_meta))
     return result
@@ -175,6 +176,10 @@ class OptimizationRun:
         self.source: torch.fx.GraphModule = gm
         self.autocast: list[tuple[str, torch.dtype]] = []
         self.autocast_off = False  # whether the rebuilt graph runs with the autocast in force off
+        # whether the translated graph carried fake-tensor meta where ``gm`` had none (its module
+        # calls written out, with meta): its nodes' meta, copied into the rebuild, is then
+        # propagated afresh there, not left as the value of the node it was copied from
+        self.translated_with_meta = False
         self.session: EGraphSession | None = None  # made by saturate
         self.batches: rewrites.batching.Batches | None = None
         self.options = options or OptimizeOptions()
@@ -211,6 +216,7 @@ class OptimizationRun:
             # traces them; private in-place ops made out-of-place, batch norms decomposed,
             # dropouts sharing their draws
             source = functional_module_calls(torch_calls(self.source), self.example_inputs)
+            self.translated_with_meta = has_fake_meta(source)
             self.translation = t = translate(before_translation(source), self.example_inputs)
         budget.fx_nodes = len(t.nodes)
         report.opaque_nodes = {t.nodes[i].name: why for i, why in t.opaque_reasons.items()}
@@ -315,8 +321,9 @@ class OptimizationRun:
 
     @property
     def _wants_meta(self) -> bool:
-        """Whether a full build propagates fake-tensor meta (Dynamo/export graphs)."""
-        return self.example_inputs is None or has_fake_meta(self.gm)
+        """Whether a full build propagates fake-tensor meta (Dynamo/export graphs, and graphs
+        whose module calls were written out with meta)."""
+        return self.example_inputs is None or has_fake_meta(self.gm) or self.translated_with_meta
 
     def _not_worth_it(self) -> str | None:
         """Why the result is not worth a different program (predicted slower, or faster by less

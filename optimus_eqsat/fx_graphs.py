@@ -1,5 +1,5 @@
 """Small facts about FX GraphModules that the pipeline and the explorer share:
-op counts, whether shapes came as fake tensors, a fresh copy, the predicted cost."""
+op counts, whether shapes came as fake tensors, a fresh copy, the state a rebuilt module keeps."""
 
 from __future__ import annotations
 
@@ -51,3 +51,28 @@ def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph.output(out)
     graph._codegen = gm.graph._codegen
     return carry_dynamo_attributes(gm, torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__))
+
+
+def keep_unread_state(source: torch.fx.GraphModule, target: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``target`` with every entry of ``source``'s state dict that its graph no longer reads
+    (registered as in ``source``: parameter or persistent buffer, same tensor), so the
+    optimized module's ``state_dict()`` has the source's keys and a checkpoint of the model
+    loads into it strictly. A ``GraphModule`` copies only the attributes its graph reads: an
+    eval-mode batch norm written out as ``F.batch_norm`` no longer reads its
+    ``num_batches_tracked``, and a batched program may read none of a parameter. Returns
+    ``target``."""
+    kept = target.state_dict(keep_vars=True)
+    for name in source.state_dict(keep_vars=True):
+        if name in kept:
+            continue
+        *path, leaf = name.split(".")
+        owner, home = source.get_submodule(".".join(path)), target
+        for part in path:
+            if not isinstance(getattr(home, part, None), torch.nn.Module):
+                home.add_module(part, torch.nn.Module())  # (as GraphModule makes the path of a get_attr)
+            home = getattr(home, part)
+        if leaf in owner._parameters:
+            home.register_parameter(leaf, owner._parameters[leaf])
+        else:
+            home.register_buffer(leaf, owner._buffers[leaf])
+    return target

@@ -129,3 +129,43 @@ def test_traced_experts_batch_in_inference(build: Any) -> None:
         want = model(x)
         got = _optimized_trace(model, (x,), "inference")(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _NormedColumns(nn.Module):
+    """A batch norm's output returned as a stack of its length columns: eager returns a fresh
+    contiguous tensor, the optimizer's program a permuted view of the norm's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        columns = (self.bn(x) * 2).split(1, dim=2)
+        return torch.stack([columns[k].squeeze(2) for k in range(3)], 0)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_outputs_keep_the_layout_eager_returns_after_the_calls_are_written_out(training: bool) -> None:
+    # The written-out calls carry fake meta the traced graph lacked; the rebuild copied it onto
+    # the new output, a view, which then passed for the contiguous stack it replaced.
+    torch.manual_seed(0)
+    model, x = _NormedColumns().train(training), torch.randn(8, 4, 3)
+    optimized = optimize_graph(symbolic_trace(copy.deepcopy(model)), (x,), raise_on_error=True, never_worse=False)
+    assert "stack" not in {getattr(n.target, "__name__", n.target) for n in optimized.graph.nodes}
+    got, expected = optimized(x), model(x)
+    assert expected.is_contiguous() and got.is_contiguous()
+    torch.testing.assert_close(got, expected)
+
+
+def test_the_optimized_module_keeps_the_state_dict_keys_of_the_traced_one() -> None:
+    # An eval-mode norm written out as F.batch_norm no longer reads num_batches_tracked, and a
+    # GraphModule keeps only what its graph reads: a checkpoint of the model must still load.
+    model = _layer(nn.BatchNorm1d(4)).eval()
+    x = torch.randn(8, 6)
+    for traced in (symbolic_trace(copy.deepcopy(model)), torch.export.export(copy.deepcopy(model), (x,)).module()):
+        optimized = optimize_graph(traced, (x,), raise_on_error=True, never_worse=False)
+        assert "1.num_batches_tracked" not in {str(n.target) for n in optimized.graph.nodes}
+        assert set(optimized.state_dict()) == set(model.state_dict())
+        optimized.load_state_dict(model.state_dict())  # strict
+        assert optimized.get_buffer("1.num_batches_tracked") is traced.get_buffer("1.num_batches_tracked")
+        torch.testing.assert_close(optimized(x), model(x))
