@@ -34,7 +34,7 @@ from optimus_eqsat.fxvocab.global_state import (
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
-from optimus_eqsat.module_calls import functional_module_calls
+from optimus_eqsat.module_calls import functional_module_calls, guard_written_out_modes
 from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
 from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
@@ -85,6 +85,7 @@ def optimize_graph(
     key = program_key(gm, example_inputs, opts)
     cached = load_program(key, gm, example_inputs) if key is not None else None
     if cached is not None:
+        guard_written_out_modes(gm, cached)
         return keep_unread_state(gm, cached)
     report = OptimizeReport(nodes_before=op_count(gm))
     wants_meta = None  # whether the run propagated fake-tensor meta (known once it ran)
@@ -120,6 +121,7 @@ def optimize_graph(
     keep_unread_state(gm, result)
     if key is not None:
         store_program(key, gm, result, report, bool(wants_meta))
+    guard_written_out_modes(gm, result)  # (after the store: the cache holds graphs of tensors)
     return result
 
 

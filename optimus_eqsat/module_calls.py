@@ -17,10 +17,18 @@ Left as module calls: subclasses (their forward may differ), a training norm wit
 time, where Dynamo reads it once as a constant), and any norm whose input rank the module
 rejects (its own check raises there; the functional op would not). Without example inputs
 or meta for every placeholder, nothing is rewritten.
+
+A written-out call runs as the module ran in the mode it had when the graph was optimized
+(training: batch statistics and running-statistics updates, dropout on; eval: the running
+statistics, dropout off), where the traced module call followed the module's ``training``
+flag at each call. :func:`guard_written_out_modes` makes the optimized module raise when
+its flags no longer match (``.eval()`` for a validation pass of a module optimized for
+training) instead of silently running the other mode.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, cast
 
 import torch
@@ -29,10 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from optimus_eqsat.fx_graphs import copy_module
-from optimus_eqsat.fxvocab.meta import meta_value, module_state_kept
+from optimus_eqsat.fxvocab.meta import meta_value
 from optimus_eqsat.rebuild import propagate_meta
 
-__all__ = ["functional_module_calls"]
+__all__ = ["functional_module_calls", "guard_written_out_modes"]
 
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -72,9 +80,7 @@ def functional_module_calls(gm: torch.fx.GraphModule, example_inputs: Any = None
         out.graph.erase_node(node)
     out.graph.lint()
     out.recompile()
-    with module_state_kept(out):  # (a module call left in the graph runs on fake inputs there)
-        propagated = propagate_meta(out, example_inputs)
-    if not propagated:
+    if not propagate_meta(out, example_inputs):  # (which keeps the modules' state as it was)
         return gm
     for module, x in norm_inputs:  # the module's own check of its input's rank
         try:
@@ -102,3 +108,49 @@ def _batch_norm(graph: torch.fx.Graph, top: torch.fx.Node, path: str, norm: Any,
     keep_stats = not norm.training or norm.track_running_stats
     stats = (attr("running_mean"), attr("running_var")) if keep_stats else (None, None)
     return graph.call_function(F.batch_norm, (x, *stats, attr("weight"), attr("bias"), training, factor, norm.eps))
+
+
+def guard_written_out_modes(source: torch.fx.GraphModule, result: torch.fx.GraphModule) -> None:
+    """Make ``result`` raise when ``.train()`` / ``.eval()`` change the mode of a module whose
+    call this module wrote out (``source`` calls it, ``result`` no longer does). Each such
+    module's path in ``result`` holds its ``training`` flag of then (a plain module where the
+    graph left nothing there), and a node at the top of the graph checks those flags (so
+    copies keep the check; Dynamo, export and a re-trace, a pickle's load among them, run it
+    once on the flags of the moment). Recompiles ``result``."""
+    called = {str(n.target) for n in result.graph.nodes if n.op == "call_module"}
+    written = {
+        str(n.target): source.get_submodule(str(n.target)).training
+        for n in source.graph.nodes
+        if n.op == "call_module" and _inlinable(source.get_submodule(str(n.target))) and str(n.target) not in called
+    }
+    if not written:
+        return
+    for path, training in written.items():
+        home = result
+        for part in path.split("."):
+            if not isinstance(getattr(home, part, None), nn.Module):
+                home.add_module(part, nn.Module())
+            home = getattr(home, part)
+        home.training = training
+    graph = result.graph
+    with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")  # (a flag: no tensor)
+        now = tuple(graph.get_attr(f"{path}.training") for path in sorted(written))
+        graph.call_function(
+            check_training_flags, (now, tuple(written[p] for p in sorted(written)), tuple(sorted(written)))
+        )
+    result.recompile()
+
+
+@torch.fx.node.has_side_effect
+def check_training_flags(now: tuple[bool, ...], optimized: tuple[bool, ...], paths: tuple[str, ...]) -> None:
+    """Raise where a module's ``training`` flag is not the one its graph was optimized for."""
+    for flag, expected, path in zip(now, optimized, paths):
+        if flag != expected:
+            raise RuntimeError(
+                f"this module was optimized with {path} in "
+                f"{'training' if expected else 'eval'} mode, its batch norms and dropouts written "
+                f"for that mode; it is now in {'training' if flag else 'eval'} mode. Optimize the "
+                "graph traced in that mode too (optimize_graph(symbolic_trace(model.eval()), ...)) "
+                "and call each in its mode."
+            )

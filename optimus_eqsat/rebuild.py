@@ -36,6 +36,7 @@ from optimus_eqsat.fxvocab import (
     node_tensor_infos,
     target_name,
 )
+from optimus_eqsat.fxvocab.meta import module_state_kept
 from optimus_eqsat.fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
 from optimus_eqsat.rebuild_sizes import SizeWriter
 from optimus_eqsat.term import CTORS, OP_CTORS
@@ -402,6 +403,16 @@ def _placeholder_value(node: torch.fx.Node) -> Any:
 
 
 def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool:
+    """See :func:`_propagate_meta`; a module call of the graph (``symbolic_trace``'s) runs its
+    real module on fake inputs, which writes the module's real buffers (a batch norm's count):
+    they are put back as they were."""
+    if any(n.op == "call_module" for n in gm.graph.nodes):
+        with module_state_kept(gm):
+            return _propagate_meta(gm, example_inputs)
+    return _propagate_meta(gm, example_inputs)
+
+
+def _propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool:
     """Give every node ``meta["val"]`` (a fake tensor) so cost models see shapes.
 
     Uses the example inputs, else the placeholders' own meta. Returns False

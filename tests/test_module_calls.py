@@ -169,3 +169,46 @@ def test_the_optimized_module_keeps_the_state_dict_keys_of_the_traced_one() -> N
         optimized.load_state_dict(model.state_dict())  # strict
         assert optimized.get_buffer("1.num_batches_tracked") is traced.get_buffer("1.num_batches_tracked")
         torch.testing.assert_close(optimized(x), model(x))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_module_optimized_in_one_mode_refuses_the_other(training: bool) -> None:
+    # Its norms and dropouts are written for the mode it was traced in; the traced module calls
+    # followed .train() / .eval(), so switching must raise, not run the other mode's program.
+    model = _layer(nn.BatchNorm1d(4)).train(training)
+    x = torch.randn(8, 6)
+    optimized = optimize_graph(symbolic_trace(copy.deepcopy(model)), (x,), raise_on_error=True, never_worse=False)
+    assert not optimized.meta["optimus_eqsat"].fell_back
+    torch.testing.assert_close(optimized(x), model(x))
+    for switched in (copy.deepcopy(optimized).train(not training), optimized.train(not training)):
+        with pytest.raises(RuntimeError, match=f"optimized with 1 in {'training' if training else 'eval'} mode"):
+            switched(x)
+    optimized.train(training).get_submodule("1").train(not training)  # the norm alone
+    with pytest.raises(RuntimeError, match="optimized with 1 in"):
+        optimized(x)
+    optimized.train(training)
+    torch.testing.assert_close(torch.compile(optimized, backend="eager")(x), model(x))
+
+
+def test_module_calls_left_in_place_follow_the_mode() -> None:
+    torch.manual_seed(0)  # the norm is left a module call (see above); no dropout is written out
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4, momentum=None), nn.ReLU()).train()
+    x = torch.randn(8, 6)
+    optimized = optimize_graph(symbolic_trace(copy.deepcopy(model)), (x,), raise_on_error=True, never_worse=False)
+    torch.testing.assert_close(optimized.eval()(x), model.eval()(x))
+
+
+def test_optimizing_leaves_the_module_state_as_it_was() -> None:
+    # A norm left a module call beside one written out: the rebuilt program, given fake meta,
+    # runs that module's real forward on fake inputs, which counted a batch on the real model.
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(6, 4), nn.BatchNorm1d(4, momentum=None), nn.ReLU(), nn.Linear(4, 4), nn.BatchNorm1d(4)
+    ).train()
+    x = torch.randn(8, 6)
+    traced = symbolic_trace(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimized = optimize_graph(traced, (x,), raise_on_error=True, never_worse=False)
+    assert "1" in {str(n.target) for n in optimized.graph.nodes if n.op == "call_module"}
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key]), key
