@@ -85,8 +85,8 @@ def optimize_graph(
     key = program_key(gm, example_inputs, opts)
     cached = load_program(key, gm, example_inputs) if key is not None else None
     if cached is not None:
-        guard_written_out_modes(gm, cached)
-        return keep_unread_state(gm, cached)
+        guard_written_out_modes(gm, keep_unread_state(gm, cached))
+        return cached
     report = OptimizeReport(nodes_before=op_count(gm))
     wants_meta = None  # whether the run propagated fake-tensor meta (known once it ran)
     try:

@@ -65,14 +65,21 @@ def keep_unread_state(source: torch.fx.GraphModule, target: torch.fx.GraphModule
     for name in source.state_dict(keep_vars=True):
         if name in kept:
             continue
-        *path, leaf = name.split(".")
-        owner, home = source.get_submodule(".".join(path)), target
-        for part in path:
-            if not isinstance(getattr(home, part, None), torch.nn.Module):
-                home.add_module(part, torch.nn.Module())  # (as GraphModule makes the path of a get_attr)
-            home = getattr(home, part)
+        path, _, leaf = name.rpartition(".")
+        owner, home = source.get_submodule(path), module_at(target, path)
         if leaf in owner._parameters:
             home.register_parameter(leaf, owner._parameters[leaf])
         else:
             home.register_buffer(leaf, owner._buffers[leaf])
     return target
+
+
+def module_at(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The submodule of ``root`` at the dotted ``path`` (``""``: ``root``), plain modules added
+    where the path has none, as a ``GraphModule`` makes the path of a ``get_attr`` target."""
+    home = root
+    for part in path.split(".") if path else ():
+        if not isinstance(getattr(home, part, None), torch.nn.Module):
+            home.add_module(part, torch.nn.Module())
+        home = getattr(home, part)
+    return home

@@ -36,7 +36,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from optimus_eqsat.fx_graphs import copy_module
+from optimus_eqsat.fx_graphs import copy_module, module_at
 from optimus_eqsat.fxvocab.meta import meta_value
 from optimus_eqsat.rebuild import propagate_meta
 
@@ -126,12 +126,7 @@ def guard_written_out_modes(source: torch.fx.GraphModule, result: torch.fx.Graph
     if not written:
         return
     for path, training in written.items():
-        home = result
-        for part in path.split("."):
-            if not isinstance(getattr(home, part, None), nn.Module):
-                home.add_module(part, nn.Module())
-            home = getattr(home, part)
-        home.training = training
+        module_at(result, path).training = training
     graph = result.graph
     with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")  # (a flag: no tensor)
