@@ -3,6 +3,8 @@ op counts, whether shapes came as fake tensors, a fresh copy, the state a rebuil
 
 from __future__ import annotations
 
+import types
+
 import torch
 import torch.fx
 
@@ -28,7 +30,8 @@ _DYNAMO_MODULE_ATTRIBUTES = ("_param_name_to_source", "_source_to_user_stacks", 
 def carry_dynamo_attributes(source: torch.fx.GraphModule, target: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``target`` with what Dynamo attached to ``source`` (its meta, the module attributes
     above and each placeholder's ``_dynamo_source``, matched by name): a graph built from
-    Dynamo's compiles as Dynamo's own would. Returns ``target``."""
+    Dynamo's compiles as Dynamo's own would; and with ``torch.export``'s refusal of mode
+    switches. Returns ``target``."""
     for key, value in source.meta.items():
         target.meta.setdefault(key, value)
     for name in _DYNAMO_MODULE_ATTRIBUTES:
@@ -40,6 +43,12 @@ def carry_dynamo_attributes(source: torch.fx.GraphModule, target: torch.fx.Graph
     for node in target.graph.nodes:
         if node.op == "placeholder" and node.name in sources and not hasattr(node, "_dynamo_source"):
             node._dynamo_source = sources[node.name]
+    for name in ("train", "eval"):
+        # an exported module (``ep.module()``) refuses .train() / .eval(): its graph is one
+        # mode's, so a switch would silently run the mode it was exported in
+        method = source.__dict__.get(name)
+        if isinstance(method, types.MethodType) and name not in target.__dict__:
+            setattr(target, name, types.MethodType(method.__func__, target))
     return target
 
 

@@ -119,3 +119,18 @@ def test_exported_with_a_dynamic_batch_serves_every_batch_as_eager() -> None:
         _, (other,) = small_deepctr_mmoe(size, seed=3)
         with torch.no_grad():
             torch.testing.assert_close(reexported.module()(other), model(other), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("never_worse", [True, False])  # the original kept, and our program
+def test_the_optimized_exported_module_refuses_a_mode_switch_as_the_exported_one_does(never_worse: bool) -> None:
+    # ep.module() raises on .train() / .eval() (its graph is one mode's); a GraphModule built
+    # from its graph did not, and then silently ran the exported mode.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.0)).train()
+    x = torch.randn(8, 6)
+    exported = torch.export.export(copy.deepcopy(model), (x,)).module()
+    optimized = optimize_graph(exported, (x,), never_worse=never_worse, raise_on_error=True)
+    for switch in (optimized.eval, optimized.train):  # (a deepcopy of either allows it: torch's)
+        with pytest.raises(NotImplementedError):
+            switch()
+    torch.testing.assert_close(optimized(x), model(x))
