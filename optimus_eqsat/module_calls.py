@@ -53,12 +53,17 @@ def _inlinable(module: nn.Module) -> bool:
     return type(module) is nn.Dropout
 
 
+def _inlinable_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The module calls of ``gm`` that this module writes out."""
+    return [n for n in gm.graph.nodes if n.op == "call_module" and _inlinable(gm.get_submodule(str(n.target)))]
+
+
 def functional_module_calls(gm: torch.fx.GraphModule, example_inputs: Any = None) -> torch.fx.GraphModule:
     """``gm`` itself when it calls no batch norm or dropout module this rewrites (see the
     module docstring), or when no fake-tensor meta can be propagated through the rewritten
     graph; else a copy (sharing ``gm``'s parameters, buffers and submodules) where each such
     call is the functional form its forward runs, every node with ``meta["val"]``."""
-    calls = [n for n in gm.graph.nodes if n.op == "call_module" and _inlinable(gm.get_submodule(str(n.target)))]
+    calls = _inlinable_calls(gm)
     if not calls or any(len(n.args) != 1 or n.kwargs for n in calls):
         return gm
     out = copy_module(gm)
@@ -118,22 +123,17 @@ def guard_written_out_modes(source: torch.fx.GraphModule, result: torch.fx.Graph
     copies keep the check; Dynamo, export and a re-trace, a pickle's load among them, run it
     once on the flags of the moment). Recompiles ``result``."""
     called = {str(n.target) for n in result.graph.nodes if n.op == "call_module"}
-    written = {
-        str(n.target): source.get_submodule(str(n.target)).training
-        for n in source.graph.nodes
-        if n.op == "call_module" and _inlinable(source.get_submodule(str(n.target))) and str(n.target) not in called
-    }
-    if not written:
+    paths = sorted({str(n.target) for n in _inlinable_calls(source)} - called)
+    if not paths:
         return
-    for path, training in written.items():
+    flags = tuple(source.get_submodule(path).training for path in paths)
+    for path, training in zip(paths, flags):
         module_at(result, path).training = training
     graph = result.graph
     with graph.inserting_before(next(n for n in graph.nodes if n.op != "placeholder")), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Attempted to insert a get_attr Node")  # (a flag: no tensor)
-        now = tuple(graph.get_attr(f"{path}.training") for path in sorted(written))
-        graph.call_function(
-            check_training_flags, (now, tuple(written[p] for p in sorted(written)), tuple(sorted(written)))
-        )
+        now = tuple(graph.get_attr(f"{path}.training") for path in paths)
+        graph.call_function(check_training_flags, (now, flags, tuple(paths)))
     result.recompile()
 
 
