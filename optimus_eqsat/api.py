@@ -34,6 +34,7 @@ from optimus_eqsat.fxvocab.global_state import (
 from optimus_eqsat.fxvocab.symbolic import DeclinedGraph, decline_data_dependent_sizes
 from optimus_eqsat.inductor_compat import is_dynamo_signal, split_attention_key_permutes
 from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_inputs
+from optimus_eqsat.member_splits import narrows_as_splits
 from optimus_eqsat.module_calls import functional_module_calls, guard_written_out_modes
 from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
 from optimus_eqsat.objective import Objective, predict
@@ -399,6 +400,7 @@ class OptimizationRun:
             rewritten += own_sliced_outputs(gm, result)
             report.kept_gradient_inputs = kept
             rewritten += kept
+            rewritten += narrows_as_splits(result)  # (after the outputs' copies, which read the narrows)
         if rewritten and self._wants_meta:
             propagate_meta(result, self.example_inputs)
         if self.autocast_off:  # (its casts are all written out: see optimus_eqsat/autocast_casts.py)
