@@ -15,10 +15,11 @@ a smaller aten graph for Inductor to compile.
 Only a tensor read by nothing but narrows on one dim, of fixed sizes and positions, is
 split, and only when the tensor it reshapes or permutes, if any, has no other reader either:
 otherwise its gradient is the cat plus the other readers', and Inductor writes the cat out
-before adding (a second buffer the size of the tensor, where the narrows' backward terms fuse
-into one sum; measured on the same models at batch 32: 5-14% more peak memory). The narrows must not overlap, and nothing between the first and the last of them
-may switch grad mode or autocast or write to memory (the split runs where the first narrow
-ran, and its pieces must be what each narrow returned there).
+before adding (a second buffer the size of the tensor, where the narrows' backward terms
+fuse into one sum; measured on the same models at batch 32: 5-14% more peak memory). The
+narrows must not overlap, and nothing between the first and the last of them may switch grad
+mode or autocast or write to memory (the split runs where the first narrow ran, and its
+pieces must be what each narrow returned there).
 """
 
 from __future__ import annotations
