@@ -50,33 +50,35 @@ def narrows_as_splits(gm: fx.GraphModule) -> list[str]:
     position = {node: i for i, node in enumerate(graph.nodes)}
     replaced: list[str] = []
     piece_for: dict[fx.Node, fx.Node] = {}  # a narrow replaced -> its piece (the base of later groups)
-    for base, dim, narrows in _narrow_groups(graph):
-        size = _dim_size(base, dim)
+    for base, size, dim, narrows in _narrow_groups(graph):
+        pieces = _pieces(narrows, size) if len(narrows) >= 2 else None
         base = piece_for.get(base, base)
-        if size is None or len(narrows) < 2 or not _disjoint(narrows, size) or not _read_only_by(base, narrows):
+        if pieces is None or not _read_only_by(base, narrows):
             continue
         narrows.sort(key=lambda n: position[n[0]])
         first, last = narrows[0][0], narrows[-1][0]
         if _crosses_state_or_writes(gm, first, last):
             continue
-        sizes, piece_of = _pieces(narrows, size)
+        sizes, piece_of = pieces
         with graph.inserting_before(first):
             split = graph.call_function(torch.split, (base, sizes, dim))
-            for node, start, _ in narrows:
-                with graph.inserting_before(node):
-                    piece = graph.call_function(operator.getitem, (split, piece_of[start]))
-                node.replace_all_uses_with(piece)
-                piece_for[node] = piece
-                replaced.append(node.name)
-                graph.erase_node(node)
+        for node, start, _ in narrows:
+            with graph.inserting_before(node):
+                piece = graph.call_function(operator.getitem, (split, piece_of[start]))
+            node.replace_all_uses_with(piece)
+            piece_for[node] = piece
+            replaced.append(node.name)
+            graph.erase_node(node)
     if replaced:
         gm.recompile()
     return replaced
 
 
-def _narrow_groups(graph: fx.Graph) -> list[tuple[fx.Node, int, list[Narrow]]]:
-    """``torch.narrow`` calls with int dim, start and length, by (tensor, dim) in graph order."""
-    groups: dict[tuple[fx.Node, int], list[Narrow]] = defaultdict(list)
+def _narrow_groups(graph: fx.Graph) -> list[tuple[fx.Node, int, int, list[Narrow]]]:
+    """``torch.narrow`` calls with int dim, start and length, by (tensor, dim) in graph order,
+    each group as (tensor, its size along dim, dim, narrows); tensors of unknown or symbolic
+    size left out."""
+    groups: dict[tuple[fx.Node, int, int], list[Narrow]] = defaultdict(list)
     for node in graph.nodes:
         if node.op != "call_function" or canonical_name(node) != "narrow" or node.kwargs:
             continue
@@ -85,11 +87,14 @@ def _narrow_groups(graph: fx.Graph) -> list[tuple[fx.Node, int, list[Narrow]]]:
         base, dim, start, length = node.args
         if not all(type(v) is int for v in (dim, start, length)):
             continue
-        rank = _rank(base)
-        if rank is None or not -rank <= dim < rank or start < 0:
+        infos = node_tensor_infos(base)
+        shape = infos[0].shape if infos and len(infos) == 1 else None
+        if shape is None or not -len(shape) <= dim < len(shape) or start < 0:
             continue
-        groups[(base, dim % rank)].append((node, start, length))
-    return [(base, dim, narrows) for (base, dim), narrows in groups.items()]
+        size = shape[dim]
+        if size is not None:
+            groups[(base, size, dim % len(shape))].append((node, start, length))
+    return [(base, size, dim, narrows) for (base, size, dim), narrows in groups.items()]
 
 
 def _read_only_by(base: fx.Node, narrows: list[Narrow]) -> bool:
@@ -107,35 +112,16 @@ def _read_only_by(base: fx.Node, narrows: list[Narrow]) -> bool:
     return True
 
 
-def _rank(node: fx.Node) -> int | None:
-    infos = node_tensor_infos(node)
-    return len(infos[0].shape) if infos and len(infos) == 1 else None
-
-
-def _dim_size(node: fx.Node, dim: int) -> int | None:
-    infos = node_tensor_infos(node)
-    return infos[0].shape[dim] if infos and len(infos) == 1 else None
-
-
-def _disjoint(narrows: list[Narrow], size: int) -> bool:
-    """Whether the narrows' ranges lie in ``[0, size)`` and overlap nowhere (the same range
-    twice counts as one piece, read twice)."""
-    spans = sorted({(start, length) for _, start, length in narrows})
-    end = 0
-    for start, length in spans:
-        if length <= 0 or start < end or start + length > size:
-            return False
-        end = start + length
-    return True
-
-
-def _pieces(narrows: list[Narrow], size: int) -> tuple[list[int], dict[int, int]]:
+def _pieces(narrows: list[Narrow], size: int) -> tuple[list[int], dict[int, int]] | None:
     """The split's sizes over ``[0, size)`` (a filler piece for each gap) and, per narrow's
-    start, the index of its piece."""
+    start, the index of its piece; None unless the narrows' ranges lie in ``[0, size)`` and
+    overlap nowhere (the same range twice is one piece, read twice)."""
     sizes: list[int] = []
     piece_of: dict[int, int] = {}
     end = 0
     for start, length in sorted({(start, length) for _, start, length in narrows}):
+        if length <= 0 or start < end or start + length > size:
+            return None
         if start > end:
             sizes.append(start - end)
         piece_of[start] = len(sizes)
