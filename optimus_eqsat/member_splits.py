@@ -18,7 +18,7 @@ otherwise its gradient is the cat plus the other readers', and Inductor writes t
 before adding (a second buffer the size of the tensor, where the narrows' backward terms
 fuse into one sum; measured on the same models at batch 32: 5-14% more peak memory). The
 narrows must not overlap, and nothing between the first and the last of them may switch grad
-mode or autocast or write to memory (the split runs where the first narrow ran, and its
+mode, inference mode or autocast or write to memory (the split runs where the first narrow ran, and its
 pieces must be what each narrow returned there).
 """
 
@@ -31,12 +31,16 @@ import torch
 import torch.fx as fx
 
 from optimus_eqsat.fxvocab import WHOLE_VIEW_OPS, canonical_name
+from optimus_eqsat.fxvocab.global_state import is_switch
 from optimus_eqsat.fxvocab.meta import STATE_SWITCHES, node_tensor_infos
 from optimus_eqsat.fxvocab.mutation import is_mutating
 
 __all__ = ["narrows_as_splits"]
 
 Narrow = tuple[fx.Node, int, int]  # (the narrow node, start, length)
+
+#: Calls that switch grad mode, inference mode or autocast: a split must not run across one.
+_SWITCHES = (*sorted(STATE_SWITCHES), "_enter_inference_mode", "_exit_inference_mode")
 
 #: Views that rearrange a whole tensor: the gradient of what they read is theirs, rearranged.
 _REARRANGING = WHOLE_VIEW_OPS | {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims"}
@@ -133,11 +137,11 @@ def _pieces(narrows: list[Narrow], size: int) -> tuple[list[int], dict[int, int]
 
 
 def _crosses_state_or_writes(gm: fx.GraphModule, first: fx.Node, last: fx.Node) -> bool:
-    """Whether a node from ``first`` to ``last`` switches grad mode or autocast, or writes to
-    memory: the split, run at ``first``, would then not return what each narrow returned."""
+    """Whether a node from ``first`` to ``last`` switches grad mode, inference mode or autocast,
+    or writes to memory: the split, run at ``first``, would then not return what each narrow returned."""
     node = first
     while True:
-        if node.op == "call_function" and getattr(node.target, "__name__", "") in STATE_SWITCHES:
+        if is_switch(node, *_SWITCHES):
             return True
         if node.op in ("call_function", "call_method", "call_module") and is_mutating(gm, node):
             return True

@@ -123,17 +123,32 @@ def test_narrows_that_cannot_share_a_split_are_left_alone(fn) -> None:
     assert gm.code == code
 
 
-def test_narrows_in_different_grad_modes_are_left_alone() -> None:
-    """As Dynamo writes ``torch.no_grad()``: a split in grad mode would give the second
-    narrow's reader a tensor that requires grad."""
+@pytest.mark.parametrize(
+    "switch",
+    [
+        (torch._C._set_grad_enabled, (False,), torch._C._set_grad_enabled, (True,)),
+        (torch.autograd.grad_mode._enter_inference_mode, (True,), torch.autograd.grad_mode._exit_inference_mode, ()),
+        (
+            torch.amp.autocast_mode._enter_autocast,
+            ("cpu", torch.bfloat16, True, None),
+            torch.amp.autocast_mode._exit_autocast,
+            (),
+        ),
+    ],
+    ids=["no_grad", "inference_mode", "autocast"],
+)
+def test_narrows_in_different_modes_are_left_alone(switch) -> None:
+    """As Dynamo writes ``torch.no_grad()``, ``torch.inference_mode()`` and ``torch.autocast``:
+    a split in grad mode would give the second narrow's reader a tensor that requires grad."""
+    enter, enter_args, leave, leave_args = switch
     gm = _traced(one_narrow_per_dim, torch.randn(4, 4))
     second = [n for n in gm.graph.nodes if canonical_name(n) == "narrow"][1]
     second.args = (second.args[0], 0, 2, 2)
     assert len(narrows_as_splits(copy.deepcopy(gm))) == 2  # (without the switch: one split)
     with gm.graph.inserting_before(second):
-        gm.graph.call_function(torch._C._set_grad_enabled, (False,))
+        entered = gm.graph.call_function(enter, enter_args)
     with gm.graph.inserting_after(second):
-        gm.graph.call_function(torch._C._set_grad_enabled, (True,))
+        gm.graph.call_function(leave, leave_args or (entered,))
     gm.recompile()
     assert narrows_as_splits(gm) == []
 
