@@ -92,10 +92,58 @@ def test_cyclic_runs_need_a_cat_dim_a_repeated_cycle_and_a_window_inside_the_sou
     ] == (0, 9)
 
 
+def test_strided_windows_start_earlier_where_the_last_one_would_run_past_the_source():
+    """Width 4 every 10 columns from 6: the last piece ends the 30-column source, so windows
+    of 10 from 6 would run past it; from 0 they fit, and each row slices 6:10."""
+    from optimus_eqsat.rewrites.batching.views import make_item, stack_terms
+
+    t = _translation({0: (2, 30)})
+    for i, o in enumerate((6, 16, 26)):
+        t.terms[10 + i], t.shapes[10 + i] = Slice(Id(0), 1, o, o + 4), (2, 4)
+    items = [make_item(t, Id(10 + i), {}) for i in range(3)]
+    assert [(r.start, r.stop) for r in find_runs(t, items)] == [(0, 3)]
+    x = torch.randn(2, 30)
+    facts: list = []
+    [view] = stack_terms(t, items, facts.append)
+    assert not facts  # no zero-padded source
+    torch.testing.assert_close(
+        _evaluate(view, {0: x}, facts, t.registry), torch.stack([x[:, o : o + 4] for o in (6, 16, 26)]), rtol=0, atol=0
+    )
+
+
 def test_strided_runs_over_a_zero_padded_source_reach_its_last_piece():
     t = _translation({0: (2, 26)})
     fits = [Item(Id(0), (2, 4), piece=(0, 1, o, o + 4)) for o in (0, 10, 20)]
     assert [(r.start, r.stop) for r in find_runs(t, fits, pad=True)] == [(0, 3)]
+
+
+def test_member_slice_runs_read_one_slice_of_consecutive_members():
+    """The same slice of members k, k+1, ... of one group (a per-member chunk) is one slice of
+    the group's batched term; a gap, another group, another slice or a reshaped item ends it."""
+    from optimus_eqsat.rewrites.batching.views import make_item, stack_terms
+
+    group, members = Id(90), (10, 11, 12, 13)
+    t = _translation({m: (3, 8) for m in members})
+    for i, m in enumerate(members):  # each member's halves: FX values slicing it
+        t.terms[20 + i], t.shapes[20 + i] = Slice(Id(m), 1, 0, 4), (3, 4)
+        t.terms[30 + i], t.shapes[30 + i] = Slice(Id(m), 1, 4, 8), (3, 4)
+    slot_of = {m: (group, k) for k, m in enumerate(members)}
+    firsts = [make_item(t, Id(20 + i), slot_of) for i in range(4)]
+    [run] = find_runs(t, firsts)
+    assert (run.start, run.stop, run.members) == (0, 4, True)
+    stacked = torch.randn(4, 3, 8)  # the group's batched term, members on dim 0
+    tensors = {90: stacked}
+    facts: list = []
+    view, plain = stack_terms(t, firsts, facts.append)
+    assert not isinstance(view, Cat)  # a view: no copy per member
+    torch.testing.assert_close(_evaluate(view, tensors, facts, t.registry), stacked[:, :, 0:4], rtol=0, atol=0)
+    assert isinstance(plain, Cat)  # the members computed one by one stay possible
+    mixed = [firsts[0], make_item(t, Id(31), slot_of)]  # another slice of the next member
+    gap = [firsts[0], firsts[2]]
+    other_group = [firsts[0], make_item(t, Id(21), {11: (Id(91), 1)})]
+    reshaped = [firsts[0], make_item(t, Id(21), slot_of, shape=(12,))]
+    for items in (mixed, gap, other_group, reshaped):
+        assert all(r.build is None for r in find_runs(t, items))
 
 
 def _evaluate(term, tensors: dict, facts: list, registry) -> torch.Tensor:
@@ -332,3 +380,83 @@ def test_flattening_a_deep_cat_chain_does_not_recurse():
     t.status.update({k: "term" for k in range(depth)})
     items = _flat_items(t, depth - 1, 1)
     assert items == [Id(100000 + k) for k in range(depth + 1)]
+
+
+class GatedExperts(nn.Module):
+    """Experts as gated linear units (each a linear whose output is chunked into a gate and a
+    value, ``silu(gate) * value``, then a linear back), mixed by a softmax router: the MLP
+    of mixture-of-experts language models and of recommenders' gated experts. ``own_inputs``:
+    expert k reads the k-th block of the input's columns (per-feature experts) instead of it all."""
+
+    def __init__(self, experts: int = 4, width: int = 8, hidden: int = 16, own_inputs: bool = False):
+        super().__init__()
+        self.own_inputs = own_inputs
+        self.router = nn.Linear(width, experts)
+        reads = width // experts if own_inputs else width
+        self.up = nn.ModuleList(nn.Linear(reads, 2 * hidden) for _ in range(experts))
+        self.down = nn.ModuleList(nn.Linear(hidden, width) for _ in range(experts))
+
+    def forward(self, x):
+        weights = torch.softmax(self.router(x), dim=-1)
+        reads = self.up[0].in_features
+        blocks = [x[:, k * reads : (k + 1) * reads] if self.own_inputs else x for k in range(len(self.up))]
+        out = x
+        for k, (up, down, block) in enumerate(zip(self.up, self.down, blocks)):
+            gate, value = up(block).chunk(2, dim=-1)
+            out = out + weights[:, k : k + 1] * down(torch.nn.functional.silu(gate) * value)
+        return out
+
+
+@pytest.mark.parametrize("own_inputs", [False, True], ids=["one_input", "own_inputs"])
+def test_gated_experts_read_their_halves_as_views_of_the_batched_linear(own_inputs):
+    """Batched, each expert's gate and value halves are one slice each of the batched linear's
+    result (a linear on concatenated weights when the experts read one input, a bmm when each
+    reads its own): no cat or stack of per-expert pieces, forward and parameter gradients as
+    eager's."""
+    torch.manual_seed(0)
+    model = GatedExperts(own_inputs=own_inputs)
+    x = torch.randn(6, 8)
+    optimized = optimize_and_check(model, x, profile="h100", mode="training")
+    for expected, got in zip(_parameter_grads(model, model, x), _parameter_grads(model, optimized, x)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert optimized.meta["optimus_eqsat"].batched.get("batch-elementwise", 0) >= 4, optimized.code
+    silus = [n for n in optimized.graph.nodes if n.target is torch.nn.functional.silu]
+    assert len(silus) == 1, optimized.code
+    # the only copies left are of parameters (the experts' weights, stacked or concatenated)
+    copied = [i for n in optimized.graph.nodes if n.target in (torch.cat, torch.stack) for i in n.args[0]]
+    assert copied and all(i.op == "get_attr" for i in copied), optimized.code
+
+
+class StackedGatedExperts(nn.Module):
+    """Experts whose weights are one stacked parameter each (``gate_up``: (E, 2H, D), ``down``:
+    (E, D, H)), read expert by expert by index, as Hugging Face's mixture-of-experts blocks
+    store them: the batched program reads the stacks themselves."""
+
+    def __init__(self, experts: int = 4, width: int = 8, hidden: int = 16):
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.randn(experts, 2 * hidden, width) / width**0.5)
+        self.down = nn.Parameter(torch.randn(experts, width, hidden) / hidden**0.5)
+        self.router = nn.Linear(width, experts)
+        self.experts = experts
+
+    def forward(self, x):
+        weights = torch.softmax(self.router(x), dim=-1)
+        out = x
+        for k in range(self.experts):
+            gate, value = torch.nn.functional.linear(x, self.gate_up[k]).chunk(2, dim=-1)
+            out = out + weights[:, k : k + 1] * torch.nn.functional.linear(
+                torch.nn.functional.silu(gate) * value, self.down[k]
+            )
+        return out
+
+
+def test_experts_stored_as_one_stacked_parameter_batch_without_copying_it():
+    torch.manual_seed(0)
+    model = StackedGatedExperts()
+    x = torch.randn(6, 8)
+    optimized = optimize_and_check(model, x, profile="h100", mode="training")
+    for expected, got in zip(_parameter_grads(model, model, x), _parameter_grads(model, optimized, x)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    targets = [n.target for n in optimized.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.nn.functional.silu) == 1, optimized.code
+    assert torch.cat not in targets and torch.stack not in targets, optimized.code  # no copy of a stack or a half

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optimus_eqsat.rewrites.batching.views import Slot, make_item, name_term, stack_terms
+from optimus_eqsat.rewrites.batching.views import Piece, Slot, make_item, name_term, stack_terms
 from optimus_eqsat.term import Expand, Fact, Id, Reshape, Slice, Term, Union
 from optimus_eqsat.translate import Translation
 
@@ -18,6 +18,10 @@ class BatchBuilder:
         # member node id -> (batched term, position): chained groups read the previous
         # batched term directly instead of stacking its slices again
         self.slot_of: dict[int, Slot] = {}
+        # member node id -> (batched term id, dim, start, end) for members that are slices of
+        # their batched term (a linear on concatenated weights): stacks of them, or of equal
+        # slices of them, are strided views of that term
+        self.columns: dict[int, Piece] = {}
 
     def new(self, term: Term, shape: tuple[int, ...] | None = None) -> Id:
         """Name ``term`` by a fresh id; give it a shape when rules cannot derive it."""
@@ -33,7 +37,7 @@ class BatchBuilder:
         save those copies for its backward.
         """
         shapes = [(1,) * (rank - len(self.t.shapes[i])) + self.t.shapes[i] for i in ids]
-        items = [make_item(self.t, Id(i), self.slot_of, s) for i, s in zip(ids, shapes)]
+        items = [make_item(self.t, Id(i), self.slot_of, s, self.columns) for i, s in zip(ids, shapes)]
         first, *others = stack_terms(self.t, items, self.facts.append)
         stacked = self.new(first)
         self.facts.extend(Union(stacked, term) for term in others)

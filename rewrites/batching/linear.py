@@ -104,9 +104,11 @@ class LinearLhs(BatchKind):
         else:
             y = b.new(Op2(c0.key, Id(x), w), out_shape)
         b.record(y, [c.node for c in group])
+        t.shapes[y.i] = out_shape  # (read by the stacks of its columns, views.py)
         last, start = len(out_shape) - 1, 0
         for c, width in zip(group, widths):
             b.facts.append(Union(Id(c.node), Slice(y, last, start, start + width)))
+            b.columns[c.node] = (y.i, last, start, start + width)
             start += width
         return True
 

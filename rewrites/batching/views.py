@@ -13,18 +13,28 @@ cell; but two kinds of runs in such lists are views of one tensor:
       [A[i], B[j], C[l], A[i+1], B[j+1], C[l+1], ...]   == stack([A[i:], B[j:], C[l:]], 1).flatten(0, 1)
 
   (the second is a cat of p inputs, which Inductor fuses into its reader);
+* *member-slice runs*: one slice (same dim, start and end) of each of consecutive
+  members of one group, as a per-member ``chunk`` or ``split`` leaves them (a
+  GLU's gate and value halves, an LSTM's gates)::
+
+      [G[k][..., a:b], G[k+1][..., a:b], ...]           == G[k:k+L][..., a:b]
+
 * *strided runs*: slices of one source along one dim with equal widths w at
   offsets a, a+P, a+2P, ... (P >= w): ``x.narrow(d, a, L*P)`` unflattened to
-  (L, P) at d, sliced to w, with the L dim moved to the front;
+  (L, P) at d, sliced to w, with the L dim moved to the front. The members of a
+  linear on concatenated weights are slices of its result, and so are slices of
+  them: equal members, or one chunk of each, are such a run;
 * *cyclic runs* (cats only): a cycle of p slices of one source along the cat's
   dim, any widths and order (a reordered block, a gather of a few columns),
   repeated L times at a constant stride P: ``x.narrow(d, a, L*P)`` unflattened
   to (L, P) at d, each cycle position sliced out of the P and the p slices
   concatenated there, then flattened back: one cat input instead of p * L.
 
-Where the last stride window of a run would end past the source, the run reads
-the source zero-padded to fit (``F.pad``, a pointwise op its readers inline):
-stacks get that as one more alternative, cats always.
+Where the last stride window of a run would end past the source, the windows
+start up to P - w earlier (each row then slices its piece further in); where
+that is not enough, the run reads the source zero-padded to fit (``F.pad``, a
+pointwise op its readers inline): stacks get that as one more alternative, cats
+always.
 
 :func:`stack_terms` builds ``torch.stack(items)`` from such runs (batching's
 operand stacks); :func:`cat_alternatives` gives every concatenation of the
@@ -71,6 +81,8 @@ class Item:
     shape: tuple[int, ...] | None
     slot: Slot | None = None  # a member of a batched group
     piece: Piece | None = None  # a slice of a node
+    piece_slot: Slot | None = None  # the group slot of the node ``piece`` slices, when a member
+    of_group: bool = False  # ``piece`` slices a batched term, which the extractor may not pick
 
 
 def _known_piece(it: Item) -> Piece:
@@ -85,25 +97,39 @@ def _piece(t: Translation, source: int, dim: int, start: int, end: int) -> Piece
     return source, dim, start, end
 
 
-def make_item(t: Translation, term: Term, slot_of: dict[int, Slot], shape: tuple[int, ...] | None = None) -> Item:
+def make_item(
+    t: Translation,
+    term: Term,
+    slot_of: dict[int, Slot],
+    shape: tuple[int, ...] | None = None,
+    columns: dict[int, Piece] | None = None,
+) -> Item:
     """Read ``term`` (an ``Id``, a slice of one, either reshaped to a non-empty shape) as an
-    :class:`Item`. ``shape`` overrides the item's own (a stack pads operands on the left)."""
+    :class:`Item`. ``shape`` overrides the item's own (a stack pads operands on the left).
+    ``columns``: members of batched groups that are slices of their batched term (a linear
+    on concatenated weights), so slices of them are slices of that term."""
     inner, own = term, None
     if isinstance(term, Reshape) and term.shape:
         inner, own = term.x, term.shape
     slot = piece = None
+    of_group = False
     if isinstance(inner, Id):
         i = inner.i
         own = own or t.shapes.get(i)
         slot = slot_of.get(i)
         if (s := _slice_of_node(t.terms.get(i))) is not None:
             piece = _piece(t, _source(s), s.dim, s.start, s.end)
+        elif columns and i in columns:
+            piece, of_group = columns[i], True
     elif (s := _slice_of_node(inner)) is not None:
         src, dim, start, end = _source(s), s.dim, s.start, s.end
         if own is None and src in t.shapes:
             own = t.shapes[src][:dim] + (end - start,) + t.shapes[src][dim + 1 :]
         piece = _piece(t, src, dim, start, end)
-    return Item(term, shape or own, slot, piece)
+    piece_slot = slot_of.get(piece[0]) if piece is not None else None
+    if piece is not None and columns and (column := columns.get(piece[0])) is not None and column[1] == piece[1]:
+        piece, of_group = (column[0], column[1], column[2] + piece[2], column[2] + piece[3]), True
+    return Item(term, shape or own, slot, piece, piece_slot, of_group)
 
 
 def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
@@ -127,6 +153,40 @@ def _member_run(items: list[Item], j: int) -> tuple[int, list[Slot]]:
     return length, cycle
 
 
+def _member_slice_run(t: Translation, items: list[Item], j: int) -> int:
+    """Length of the member-slice run starting at ``j`` (module docstring): item ``j + r``
+    is the same slice of member ``k + r`` of one group, shaped as that slice; 0 when
+    shorter than 2."""
+    first = items[j]
+    src, dim, a, b = _known_piece(first)
+    group, k = cast(Slot, first.piece_slot)  # the caller has seen that it is set
+    src_shape = t.shapes.get(src)
+    if src_shape is None or first.shape != src_shape[:dim] + (b - a,) + src_shape[dim + 1 :]:
+        return 0
+    length = 1
+    while j + length < len(items):
+        it = items[j + length]
+        if it.piece_slot != (group, k + length) or it.piece is None or it.shape != first.shape:
+            break
+        s, d, a1, b1 = it.piece
+        if (d, a1, b1) != (dim, a, b) or t.shapes.get(s) != src_shape:
+            break
+        length += 1
+    return length if length >= 2 else 0
+
+
+def _member_slice_stack(t: Translation, it: Item, length: int) -> StackBuilder:
+    src, dim, a, b = _known_piece(it)
+    group, k = cast(Slot, it.piece_slot)
+    src_shape = t.shapes[src]
+
+    def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
+        members = Reshape(Slice(group, 0, k, k + length), (length,) + src_shape)
+        return Slice(members, dim + 1, a, b)
+
+    return build
+
+
 def _strided_run(t: Translation, items: list[Item], j: int, pad: bool = False) -> tuple[int, int]:
     """Length and stride of the evenly spaced slices of one source starting at ``j``.
     ``pad``: the source may be zero-padded so the last slice's stride window fits."""
@@ -144,9 +204,13 @@ def _strided_run(t: Translation, items: list[Item], j: int, pad: bool = False) -
         if it.piece != (src, dim, a0 + length * stride, a0 + length * stride + width) or it.shape != items[j].shape:
             break
         length += 1
-    if not (pad and isinstance(t.shapes[src][dim], int)):
-        while length >= 2 and a0 + length * stride > t.shapes[src][dim]:
-            length -= 1  # the last piece may end the source: its stride runs past it
+    size = t.shapes[src][dim]
+    if not (pad and isinstance(size, int)):
+        # the windows may start up to stride - width before the first piece (each row then
+        # slices its piece further in), so a run whose last piece ends the source still fits
+        lead = min(a0, stride - width) if isinstance(size, int) else 0
+        while length >= 2 and a0 - lead + length * stride > size:
+            length -= 1  # the last piece's stride window runs past the source
     return (length, stride) if length >= 2 else (0, 0)
 
 
@@ -222,7 +286,7 @@ def _cyclic_cat(t: Translation, items: list[Item], j: int, p: int, stride: int, 
 
 
 def find_runs(t: Translation, items: list[Item], cat_dim: int | None = None, pad: bool = False) -> list[Run]:
-    """Split ``items`` into member runs, strided runs and single items, in one pass;
+    """Split ``items`` into member runs, member-slice runs, strided runs and single items, in one pass;
     with ``cat_dim`` (the items of a cat on that dim) also cyclic runs; with ``pad``,
     strided runs read a zero-padded source where the last stride window runs past it."""
     runs, j = [], 0
@@ -233,6 +297,10 @@ def find_runs(t: Translation, items: list[Item], cat_dim: int | None = None, pad
             length, cycle = _member_run(items, j)
             if length >= 2:
                 run = Run(j, j + length, it.shape, _member_stack(cycle, length, it.shape), members=True)
+        if run is None and it.shape is not None and it.piece_slot is not None:
+            length = _member_slice_run(t, items, j)
+            if length >= 2:
+                run = Run(j, j + length, it.shape, _member_slice_stack(t, it, length), members=True)
         if run is None and it.shape is not None and it.piece is not None:
             length, stride = _strided_run(t, items, j, pad)
             if length >= 2:
@@ -243,6 +311,7 @@ def find_runs(t: Translation, items: list[Item], cat_dim: int | None = None, pad
                     it.shape,
                     _strided_stack(t, it.piece, stride, length, it.shape),
                     dim if stride == b0 - a0 else None,
+                    members=any(x.of_group for x in items[j : j + length]),
                 )
         if cat_dim is not None and it.piece is not None and (run is None or run.contiguous_piece is not None):
             length, p, stride = _cyclic_run(t, items, j, cat_dim)
@@ -272,12 +341,17 @@ def _strided_stack(
 ) -> StackBuilder:
     src, dim, a0, b0 = piece
     src_shape = t.shapes[src]
+    size = src_shape[dim]
+    # where the last window runs past the source, start the windows earlier (as far as the
+    # first piece and the gap between pieces allow) instead of padding the source
+    overrun = a0 + length * stride - size if isinstance(size, int) else 0
+    lead = max(0, min(a0, stride - (b0 - a0), overrun))
 
     def build(emit: Callable[[Fact], None], new_list_id: Callable[[], int]) -> Term:
-        window = _window(t, src, dim, a0, a0 + length * stride, emit)
+        window = _window(t, src, dim, a0 - lead, a0 - lead + length * stride, emit)
         rows = Reshape(window, src_shape[:dim] + (length, stride) + src_shape[dim + 1 :])
         perm = (dim,) + tuple(range(dim)) + tuple(range(dim + 1, len(src_shape) + 1))
-        picked = Permute(Slice(rows, dim + 1, 0, b0 - a0), perm)
+        picked = Permute(Slice(rows, dim + 1, lead, lead + b0 - a0), perm)
         return Reshape(picked, (length,) + shape)
 
     return build
