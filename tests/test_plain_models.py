@@ -4,7 +4,10 @@ Users turn the backend on for every model they train: on these (and on blocks as
 writes them: EfficientNet, ConvNeXt, Swin) the optimizer finds
 nothing worth a different program, and a training step must equal eager's (outputs,
 gradients, batch norms' running statistics). Small versions of
-``benchmarks/plain_models.py``'s models (their compile time is that benchmark's).
+``benchmarks/plain_models.py``'s models (their compile time is that benchmark's). A decoder as
+Hugging Face writes Llama (RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, a tied
+output embedding, the loss inside the forward) has projections that share an input: its
+batched program is run and must train as eager does.
 """
 
 from __future__ import annotations
@@ -163,3 +166,104 @@ def test_vision_blocks_train_and_serve_as_eager(name: str) -> None:
         dropped(x)
         torch.compile(dropped, backend=make_backend(measure_budget_s=0.05))(x).sum().backward()
         assert all(p.grad is not None for p in dropped.parameters())
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class _DecoderLayer(nn.Module):
+    def __init__(self, width: int = 32, heads: int = 4, kv_heads: int = 2, intermediate: int = 64):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, width // heads
+        self.q_proj = nn.Linear(width, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, width, bias=False)
+        self.gate_proj = nn.Linear(width, intermediate, bias=False)
+        self.up_proj = nn.Linear(width, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, width, bias=False)
+        self.input_layernorm, self.post_attention_layernorm = _RMSNorm(width), _RMSNorm(width)
+
+    def _kv(self, proj: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+        """(B, kv_heads, S, D) repeated to every query head, as ``repeat_kv`` does (expand + reshape)."""
+        b, s, _ = h.shape
+        x = proj(h).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        groups = self.heads // self.kv_heads
+        return x[:, :, None].expand(b, self.kv_heads, groups, s, self.head_dim).reshape(b, self.heads, s, self.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        h = self.input_layernorm(x)
+        q = self.q_proj(h).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self._kv(self.k_proj, h), self._kv(self.v_proj, h)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class _Decoder(nn.Module):
+    def __init__(self, vocab: int = 64, width: int = 32, layers: int = 2, heads: int = 4):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(_DecoderLayer(width, heads) for _ in range(layers))
+        self.norm = _RMSNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight  # tied
+        head_dim = width // heads
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device).float()
+        freqs = torch.outer(positions, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+@pytest.mark.slow
+def test_llama_style_decoder_trains_as_eager_with_its_batched_program() -> None:
+    """Two SGD steps of the decoder with the optimizer's batched program (priced for a GPU, not
+    timed): losses and every parameter equal eager's, and its projections that read one input
+    were batched."""
+    torch.manual_seed(0)
+    model = _Decoder().train()
+    ours = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (3, 8), generator=torch.Generator().manual_seed(1))
+    backend = make_backend(measure=False, profile="h200")
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend=backend)
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, ours)]
+    for _ in range(2):
+        losses = []
+        for run, opt in zip((model, compiled), sgd):
+            loss = run(ids)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for (n, a), b in zip(model.state_dict().items(), ours.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    assert any(r.batched.get("batch-linear_lhs", 0) for r in backend.reports), [r.summary() for r in backend.reports]
+    assert not any(r.fell_back for r in backend.reports), [r.fallback_reason for r in backend.reports]
