@@ -460,3 +460,33 @@ def test_experts_stored_as_one_stacked_parameter_batch_without_copying_it():
     targets = [n.target for n in optimized.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.nn.functional.silu) == 1, optimized.code
     assert torch.cat not in targets and torch.stack not in targets, optimized.code  # no copy of a stack or a half
+
+
+class TwoInputGatedUnits(nn.Module):
+    """Four gated units of one shape, two reading x and two reading y: each pair is a linear on
+    concatenated weights and all four one bmm, so a unit's halves are slices of both."""
+
+    def __init__(self, width: int = 4, half: int = 2):
+        super().__init__()
+        self.ups = nn.ModuleList(nn.Linear(width, 2 * half) for _ in range(4))
+
+    def forward(self, x, y):
+        out = []
+        for k, up in enumerate(self.ups):
+            gate, value = up(x if k % 2 == 0 else y).chunk(2, dim=-1)
+            out.append(torch.tanh(gate) * value)
+        return torch.cat(out, dim=-1)
+
+
+@pytest.mark.parametrize("extractor", ["greedy", "ilp"])
+def test_halves_of_units_in_two_groups_price_and_run_every_candidate(extractor, caplog):
+    """A half sliced from a member of a linear on concatenated weights that is also a member of
+    a bmm group is read through one of them, never the slot of one with the shape of the other:
+    every program refine prices runs on the example inputs (it once priced a reshape of the
+    bmm's result to the concatenated linear's width, which failed to run)."""
+    torch.manual_seed(0)
+    model = TwoInputGatedUnits()
+    x, y = torch.randn(2, 1, 4), torch.randn(2, 1, 4)
+    with caplog.at_level("WARNING", logger="optimus_eqsat"):
+        optimize_and_check(model, x, y, profile="h100", mode="training", extractor=extractor, persistent_cache=False)
+    assert not [r for r in caplog.records if "did not run" in r.getMessage()]

@@ -126,9 +126,11 @@ def make_item(
         if own is None and src in t.shapes:
             own = t.shapes[src][:dim] + (end - start,) + t.shapes[src][dim + 1 :]
         piece = _piece(t, src, dim, start, end)
-    piece_slot = slot_of.get(piece[0]) if piece is not None else None
     if piece is not None and columns and (column := columns.get(piece[0])) is not None and column[1] == piece[1]:
         piece, of_group = (column[0], column[1], column[2] + piece[2], column[2] + piece[3]), True
+    # (after the columns: a node may be a member of a linear on concatenated weights and of
+    # another group too, and the slot must be of the node the final piece slices)
+    piece_slot = slot_of.get(piece[0]) if piece is not None else None
     return Item(term, shape or own, slot, piece, piece_slot, of_group)
 
 
