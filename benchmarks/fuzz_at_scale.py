@@ -3,8 +3,8 @@
 Each graph comes from the test suite's generator (tests/graphgen/) in one of the
 fuzzer's flavours (tests/test_fuzz.py ``FLAVOURS``: plain, ShapeProp meta only,
 opaque ops, in-place mutation, weights as inputs, Dynamo graphs, a dynamic batch
-checked again at a larger batch, bf16 and fp16, and training graphs with batch norms,
-dropouts, checkpointed experts and no-grad / autocast regions), shares as in the unit
+checked again at a larger batch, bf16 and fp16, gated linear units, and training graphs
+with batch norms, dropouts, checkpointed experts and no-grad / autocast regions), shares as in the unit
 test. Every graph is optimized with errors raised (not fallen back from) and compared with
 eager as the unit test compares: outputs (values, contiguous layout, ``requires_grad``),
 gradients of float inputs and of parameters, buffers after the step.

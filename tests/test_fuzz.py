@@ -80,6 +80,8 @@ FLAVOURS: dict[str, tuple[dict[str, Any], float, bool]] = {
     "train_dynamic": (dict(opaque=False, inplace=False, train=True, dynamo=True, dynamic_batch=True), 0.02, True),
     # experts inside no_grad / autocast regions beside plain ones, as Dynamo hands them over
     "state_dynamo": (dict(opaque=False, inplace=False, train=True, state_regions=True, dynamo=True), 0.02, True),
+    # gated linear units: chunks of batched members and of a linear on concatenated weights
+    "gated": (dict(opaque=False, inplace=False, gated=True), 0.04, True),
 }
 DYNAMO_FLAVOURS = ("dynamo", "dynamic", "train_dynamo", "train_dynamic", "state_dynamo")
 
@@ -866,6 +868,18 @@ def test_state_flavour_covers_its_families() -> None:
         total.update(random_graph(seed, n_ops=_n_ops(seed), **options).families)
     missing = [f for f in STATE_FAMILIES if total[f] == 0]
     assert not missing, missing
+
+
+def test_gated_flavour_batches_the_halves_of_its_units() -> None:
+    """The gated flavour builds gated linear units, and the optimizer batches their
+    activations (its halves read as views of batched linears) in some of the first seeds."""
+    cases = [make_case("gated", seed) for seed in range(12)]
+    assert sum(g.families["tangle:gated_units"] >= 1 for g in cases) >= 9
+    batched = 0
+    for g in cases[:6]:
+        optimized = optimize_graph(g.gm, g.example_inputs, profile="h100", **_fuzz_options())
+        batched += optimized.meta["optimus_eqsat"].batched.get("batch-elementwise", 0) > 0
+    assert batched >= 2, batched
 
 
 def _state_region_cases(count: int) -> list[GeneratedGraph]:

@@ -196,6 +196,7 @@ def random_graph(
     checkpoint: bool = False,
     dropout_p: float = 0.0,
     state_regions: bool = False,
+    gated: bool = False,
 ) -> GeneratedGraph:
     """Build a random, valid FX program from ``seed`` (deterministic per arguments).
 
@@ -221,6 +222,8 @@ def random_graph(
     state_regions: include sibling experts inside ``torch.no_grad()`` and ``torch.autocast``
         regions beside plain ones (with dynamo, ``_set_grad_enabled`` / ``_enter_autocast``
         nodes around their ops).
+    gated: include gated linear units (linears whose outputs are chunked into a gate and a
+        value, ``act(gate) * value``).
     """
     with single_thread(), torch.random.fork_rng():
         torch.manual_seed(RNG_SEED)
@@ -238,6 +241,7 @@ def random_graph(
             checkpoint,
             dropout_p,
             state_regions,
+            gated,
         )
 
 
@@ -255,6 +259,7 @@ def _random_graph(
     checkpoint: bool = False,
     dropout_p: float = 0.0,
     state_regions: bool = False,
+    gated: bool = False,
 ) -> GeneratedGraph:
     b = _Builder(seed, opaque=opaque, inplace=inplace, params=params, dropout_p=dropout_p, dynamo=dynamo)
     enabled = {
@@ -264,6 +269,7 @@ def _random_graph(
         "train": train,
         "checkpoint": checkpoint,
         "state": state_regions,
+        "gated": gated,
     }
     _make_inputs(b)
     table = [(fn, w) for _, w, fn, need in BUILDERS if enabled[need]]
@@ -298,6 +304,7 @@ def _random_graph(
         f"with_meta={with_meta}, dynamo={dynamo}, dynamic_batch={dynamic_batch}, dtype={dtype}"
         + (f", train={train}, checkpoint={checkpoint}, dropout_p={dropout_p}" if train or checkpoint else "")
         + (", state_regions=True" if state_regions else "")
+        + (", gated=True" if gated else "")
         + (f" (kept {cast}: eager lacks a kernel)" if cast != dtype else "")
         + f"): {len(gm.graph.nodes)} nodes; "
         + ", ".join(f"{k}x{v}" if v > 1 else k for k, v in sorted(fams.items()))

@@ -27,6 +27,7 @@ from .tangles import (
     b_batch_layer_norms,
     b_batch_linears,
     b_feature_classes,
+    b_gated_units,
     b_getitem_run_cat,
     b_nested_cat,
     b_permute_twice,
@@ -56,7 +57,7 @@ from .views import (
     b_unbind,
 )
 
-# (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace" / "train" / "checkpoint" / "state"
+# (name, weight, builder, needs) -- needs is "" / "opaque" / "inplace" / "train" / "checkpoint" / "state" / "gated"
 # (a builder a graph's options leave out is not drawn, so appending one changes no existing graph)
 BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("split", 3, b_split, ""),
@@ -101,6 +102,7 @@ BUILDERS: list[tuple[str, float, Builder, str]] = [
     ("dropout", 1.5, b_dropout, "train"),
     ("checkpoint", 2, b_checkpoint, "checkpoint"),
     ("state_regions", 8, b_state_regions, "state"),
+    ("gated_units", 10, b_gated_units, "gated"),
 ]
 
 #: every tag the training builders must produce over the fuzzer's training flavours

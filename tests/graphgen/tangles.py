@@ -3,8 +3,8 @@
 The tangles are the patterns Optimus' split_cat passes target (split -> cat,
 unbind -> stack, runs of getitems, selects, nested cats, the same pointwise op
 on every piece, reshape chains, double permutes); the batching candidates are
-linears on pieces of one tensor, linears sharing an input, layer norms of equal
-shape, and features of two widths sliced from one tensor.
+linears on pieces of one tensor, linears sharing an input, gated linear units,
+layer norms of equal shape, and features of two widths sliced from one tensor.
 """
 
 from __future__ import annotations
@@ -239,6 +239,42 @@ def b_shared_linears(b: _Builder) -> bool:
     else:
         for o in outs:
             b.keep(o)
+    return True
+
+
+def b_gated_units(b: _Builder) -> bool:
+    """Gated linear units: linears (reading one input, or each its own of one shape) whose
+    outputs are chunked in halves, ``act(gate) * value``, kept apart, summed or concatenated
+    (batch views: one chunk of each member, the columns of a linear on concatenated weights)."""
+    x = b.pick(_pos)
+    if x is None:
+        return False
+    shared = b.coin()
+    n, half = b.rng.randint(2, 4), b.choice(_DIM_CHOICES[1:])
+    inputs = [x] * n if shared else [x] + [b.partner_same(x) for _ in range(n - 1)]
+    b.tag("tangle:gated_units")
+    act, name = b.choice([(F.silu, "silu"), (torch.sigmoid, "sigmoid"), (torch.tanh, "tanh")])
+    d = len(b.shape(x)) - 1
+    outs = []
+    for xi in inputs:
+        y = _linear(b, xi, 2 * half, b.coin(0.7))
+        if b.coin():
+            halves = b.fn(torch.chunk, y, 2, -1)
+            gate, value = (b.fn(operator.getitem, halves, k) for k in (0, 1))
+        else:
+            gate, value = (b.fn(torch.narrow, y, d, k * half, half) for k in (0, 1))
+        outs.append(b.fn(operator.mul, b.either(act, name, gate) if name != "silu" else b.fn(act, gate), value))
+    mode = b.choice(["apart", "sum", "cat"])
+    if mode == "apart":
+        for o in outs:
+            b.keep(o)
+    elif mode == "sum":
+        total = outs[0]
+        for o in outs[1:]:
+            total = b.fn(operator.add, total, o)
+        b.keep(total)
+    else:
+        b.keep(_cat(b, outs, d, d + 1))
     return True
 
 
