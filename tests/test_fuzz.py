@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import operator
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -290,7 +292,12 @@ def check_optimizer(
     inputs0 = [_copy(t) for t in g.example_inputs]
     ex = tuple(_copy(t) for t in g.example_inputs) if pass_inputs else None
 
-    result = optimize(g.gm, ex, **options)
+    with _unrunnable_candidates() as unrunnable:
+        result = optimize(g.gm, ex, **options)
+    # every program the optimizer builds (refine's candidates too) runs on inputs the original
+    # runs on; the cost model only warns and prices one that does not, so a rewrite that built
+    # a wrong program would go unseen unless it was kept
+    assert not (pass_inputs and unrunnable), unrunnable[:1]
 
     # the input module and the example inputs are left alone
     code1, state1 = _snapshot(g.gm)
@@ -305,6 +312,28 @@ def check_optimizer(
     result.graph.lint()
     compare_with_eager(g, result)
     return result
+
+
+class _Collect(logging.Handler):
+    def __init__(self, needle: str):
+        super().__init__(logging.WARNING)
+        self.needle, self.found = needle, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.found.append(record.getMessage()[:2000])
+
+
+@contextmanager
+def _unrunnable_candidates() -> Iterator[list[str]]:
+    """The cost model's warnings that a program it priced did not run on the example inputs."""
+    handler = _Collect("example inputs did not run")
+    logger = logging.getLogger("optimus_eqsat")
+    logger.addHandler(handler)
+    try:
+        yield handler.found
+    finally:
+        logger.removeHandler(handler)
 
 
 def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
