@@ -42,8 +42,9 @@ Narrow = tuple[fx.Node, int, int]  # (the narrow node, start, length)
 #: Calls that switch grad mode, inference mode or autocast: a split must not run across one.
 _SWITCHES = (*sorted(STATE_SWITCHES), "_enter_inference_mode", "_exit_inference_mode")
 
-#: Views that rearrange a whole tensor: the gradient of what they read is theirs, rearranged.
-_REARRANGING = WHOLE_VIEW_OPS | {"permute", "transpose", "t", "movedim", "swapaxes", "swapdims"}
+#: Views that rearrange a whole tensor: the gradient of what they read is theirs, rearranged
+#: (canonical names: ``swapaxes`` and ``swapdims`` read as ``transpose``, ``moveaxis`` as ``movedim``).
+_REARRANGING = WHOLE_VIEW_OPS | {"permute", "transpose", "t", "movedim"}
 
 
 def narrows_as_splits(gm: fx.GraphModule) -> list[str]:

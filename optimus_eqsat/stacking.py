@@ -200,7 +200,7 @@ def _last_dims_swapped(node: fx.Node) -> bool:
     dims = cast("list[int]", flat)
     if name == "permute":
         return [d % 3 for d in dims] == [0, 2, 1]
-    if name in ("transpose", "swapaxes", "swapdims"):
+    if name == "transpose":  # (canonical: swapaxes and swapdims too)
         return sorted(d % 3 for d in dims) == [1, 2]
     return False
 
