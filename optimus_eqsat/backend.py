@@ -34,7 +34,7 @@ from optimus_eqsat.guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardRe
 from optimus_eqsat.inductor_compat import (
     backwards_lowered_with_forwards,
     first_line,
-    inductor_patches,
+    install_inplace_alias_fix,
     install_sparse_gradient_fix,
     is_dynamo_signal,
     is_graph_break_request,
@@ -317,9 +317,9 @@ class OptimusBackend:
         and spares Inductor's bool stores, which on the CPU cost 10-20 ns an element against
         0.1-0.8 for a float op (benchmarks/results/bool_store.md); so the original is not
         compiled at all, one fwd+bwd compile less on the first call (the backend keeps this
-        program untimed when none of our passes rewrote more than the masks). Our rewrites, and
-        the in-place reuse our programs go without (INDUCTOR_PATCHES), can cost memory the masks
-        do not (transformer training at 256: 16% more peak memory, the masks alone 5% less): the
+        program untimed when none of our passes rewrote more than the masks). Our rewrites can
+        cost memory the masks do not (transformer training at 256: 16% more peak memory, the
+        masks alone 5% less, measured while our programs went without in-place reuse): the
         measured choice weighs ours against this program. Without a rewrite of ours besides the
         masks, our program is that one: not compiled twice."""
         if not any(records.masks) or _symbolic(example_inputs):
@@ -432,11 +432,10 @@ def _compile(
     report: OptimizeReport,
     patches: dict[str, Any] | None = None,
 ) -> Callable | None:
-    """Inductor on the optimized graph with config ``patches`` (our post-grad pass, and
-    :func:`~.inductor_compat.inductor_patches`; those for a rewritten graph when None); None
-    (and a logged fallback) when Inductor fails on it."""
+    """Inductor on the optimized graph with config ``patches`` (our post-grad pass); None (and
+    a logged fallback) when Inductor fails on it."""
     try:
-        return compile_fx(gm, example_inputs, config_patches=patches if patches is not None else inductor_patches(True))
+        return compile_fx(gm, example_inputs, config_patches=patches or {})
     except Exception as exc:
         if is_dynamo_signal(exc):
             raise  # Dynamo restarts the frame (e.g. to tensorify a scalar) and calls us again
@@ -640,6 +639,9 @@ def _compile_scope(inductor_config: Mapping[str, Any], eager_backwards: bool) ->
     donated buffers, so ``retain_graph=True`` still works: :mod:`.inductor_compat`)."""
     from torch._inductor import config
 
+    # (no result written over a cat's piece: inductor_compat; here, not when a backend is made,
+    # which the import of this module does and a warm process should not pay Inductor's codegen for)
+    install_inplace_alias_fix()
     with contextlib.ExitStack() as patches:
         if inductor_config:
             patches.enter_context(config.patch(dict(inductor_config)))

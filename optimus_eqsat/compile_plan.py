@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimus_eqsat.inductor_compat import inductor_patches
 from optimus_eqsat.report import OptimizeReport
 
 #: The graphs our post-grad pass optimizes when the pre-grad pass changed nothing.
@@ -83,10 +82,9 @@ class CompilePlan:
     ) -> dict[str, Any]:
         """The Inductor config patches of this compile: our passes, after any the user
         installed, recording into ``records`` (and the post-grad reports into every list
-        of ``sinks`` too), and :func:`~.inductor_compat.inductor_patches`."""
+        of ``sinks`` too)."""
         post = [*sinks, records.post_grad] if records is not None else list(sinks)
         return {
-            **inductor_patches(self.rewritten),
             **(post_grad_patches(graph_options, *post, roles=self.post_grad_roles) if self.post_grad_roles else {}),
             **(
                 mask_patches(*([records.masks] if records else []), sliced=[records.sliced] if records else [])
@@ -114,12 +112,10 @@ def post_grad_patches(
 ) -> dict[str, Any]:
     """Inductor config patches that add our post-grad pass, on the graphs of ``roles``, after
     any the user installed (``compile_fx`` applies them to its lazily compiled backward too);
-    its reports go to every list in ``reports``. The pass turns in-place buffers off in a
-    graph it rewrites: compile with :func:`~.inductor_compat.inductor_patches` too, which
-    restores them."""
+    its reports go to every list in ``reports``."""
     from optimus_eqsat.postgrad import PostGradPass
 
-    ours = PostGradPass(turn_off_inplace=True, roles=roles, **options)
+    ours = PostGradPass(roles=roles, **options)
     ours.sinks = list(reports)
     return _after_theirs("post_grad_custom_pre_pass", ours)
 

@@ -13,16 +13,19 @@ permute that keeps the last two axes in order and a swap of those two. Views
 launch nothing, so the predicted cost is unchanged.
 
 In-place reuse of a concatenation's piece. Inductor writes the pieces of a ``cat``
-straight into the cat's buffer; each piece is then a buffer that only *aliases* a
-slice of that storage. Its in-place update decision (torch 2.13,
-``Scheduler.decide_inplace_update``) counts the piece's own remaining readers but
-not the cat's, so a pointwise kernel that is the piece's last reader may write its
-result over the piece while the cat is still to be read (for example a backward whose
-batched gradient matmuls read a cat of ``g`` and ``g.T`` pieces: wrong gradients,
-no error). Batching makes many such cats, so every program we hand
-Inductor is compiled with :data:`INDUCTOR_PATCHES` (in-place kernel outputs off).
-Allocation reuse after a buffer dies stays on; the measured choice still compares
-with the original compiled with Inductor's defaults.
+straight into the cat's buffer; each piece is then a buffer that only *aliases* a slice
+of that storage (``NonOwningLayout``). Its in-place update decision (torch 2.13,
+``Scheduler.decide_inplace_update``) counts the piece's own remaining readers but not
+the cat's, so a pointwise kernel that is the piece's last reader may write its result
+over the piece while the cat is still to be read (for example a backward whose batched
+gradient matmuls read a cat of ``g`` and ``g.T`` pieces: wrong gradients, no error);
+and the result then lives in the cat's storage, which Inductor frees, and hands on to
+another buffer, once the cat's own readers are done. Batching makes many such cats.
+:func:`install_inplace_alias_fix` keeps that decision off aliased storage: a piece of a
+cat is never written over in place, nor a cat while a piece of it still has a reader;
+every other in-place reuse stays on, for our programs as for Inductor's own. Installed
+for the process: a backward compiled lazily, at the user's first ``backward()``, is
+compiled outside our compiles.
 
 Backwards lowered with their forward. AOTAutograd (torch 2.13) lets a backward reuse
 ("donate") the buffers its forward saved, and learns whether that is safe from the first
@@ -49,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import Any, cast
 from unittest import mock
 
 import torch
@@ -60,30 +63,10 @@ __all__ = [
     "split_attention_key_permutes",
     "is_dynamo_signal",
     "first_line",
-    "INDUCTOR_PATCHES",
-    "inductor_patches",
-    "turn_off_inplace_buffers",
+    "install_inplace_alias_fix",
     "install_sparse_gradient_fix",
     "wrap_once",
 ]
-
-#: Inductor config for the programs we compile (see the module docstring).
-INDUCTOR_PATCHES: dict[str, object] = {"inplace_buffers": False}
-
-
-def inductor_patches(rewritten: bool) -> dict[str, object]:
-    """Config patches for a compile of a graph our pre-grad pass ``rewritten`` or not.
-
-    A graph it left alone is compiled with the user's settings, so a program no pass
-    rewrites is Inductor's own (in-place buffers off cost time where no rewrite needs them).
-    The key is patched all the same, to its present value, so that a post-grad pass
-    that rewrites a graph can turn in-place buffers off for that graph alone
-    (:func:`turn_off_inplace_buffers`) and the patch restores them after."""
-    if rewritten:
-        return dict(INDUCTOR_PATCHES)
-    from torch._inductor import config
-
-    return {key: getattr(config, key) for key in INDUCTOR_PATCHES}
 
 
 @contextlib.contextmanager
@@ -105,13 +88,15 @@ def backwards_lowered_with_forwards() -> Iterator[None]:
 
 def wrap_once(owner: object, name: str, wrap: Callable[[Callable], Callable]) -> bool:
     """Put ``wrap(original)`` in place of ``owner.name`` once per process: a later call finds
-    the wrapper there and leaves it. False where ``owner`` has no such attribute (another torch)."""
+    the wrapper there and leaves it (the original is its ``__wrapped__``). False where ``owner``
+    has no such attribute (another torch)."""
     original = getattr(owner, name, None)
     if original is None:
         return False
     if not getattr(original, "_optimus_eqsat_wrapped", False):
         wrapper = wrap(original)
         wrapper._optimus_eqsat_wrapped = True  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(owner, name, wrapper)
     return True
 
@@ -137,19 +122,82 @@ def install_sparse_gradient_fix() -> bool:
     return wrap_once(fx_utils, "get_storage", wrap)
 
 
+def install_inplace_alias_fix() -> bool:
+    """Keep Inductor from writing a kernel's result in place over a piece of a cat, or over a
+    cat whose pieces are still to be read (see the module docstring), once per process; False
+    where this torch has no such check."""
+    try:
+        from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    except ImportError:
+        return False
+
+    def wrap(can_reuse: Callable[..., bool]) -> Callable[..., bool]:
+        def can_reuse_unaliased(self: object, input_buffer: Any, output_buffer: Any = None) -> bool:
+            if not can_reuse(self, input_buffer, output_buffer):
+                return False
+            # (a second argument is the node that would write in place; without one the
+            # wrapper asks whether a freed buffer's allocation may be handed on: unchanged)
+            if output_buffer is None or not hasattr(output_buffer, "scheduler"):
+                return True
+            return not _unsafe_to_write_over(input_buffer, output_buffer)
+
+        return can_reuse_unaliased
+
+    return wrap_once(PythonWrapperCodegen, "can_reuse", wrap)
+
+
+def _storage_owner(buffer: Any) -> str | None:
+    """The name of the buffer whose storage ``buffer`` (an Inductor IR buffer) writes into, or
+    None when it owns its storage ("" when the owner cannot be named)."""
+    from torch._inductor import ir
+
+    layout = getattr(buffer, "layout", None)
+    if not isinstance(layout, ir.NonOwningLayout):
+        return None
+    target: Any = layout.view
+    while isinstance(target, (ir.BaseView, ir.MutableBox)):  # views, storage and tensor boxes
+        target = target.data
+    return target.get_name() if isinstance(target, ir.Buffer) else ""
+
+
+def _aliases(scheduler: Any) -> dict[str, set[str]]:
+    """Owner name -> names of the buffers that write into its storage, for one scheduler
+    (layouts are fixed before scheduling, so it is computed once)."""
+    aliases = getattr(scheduler, "_optimus_eqsat_aliases", None)
+    if aliases is None:
+        aliases = {}
+        for name, buf in scheduler.name_to_buf.items():
+            owner = _storage_owner(buf.node) if buf.node is not None else None
+            if owner is not None:
+                aliases.setdefault(owner, set()).add(name)
+        scheduler._optimus_eqsat_aliases = aliases
+    return aliases
+
+
+def _unsafe_to_write_over(input_buffer: Any, node: Any) -> bool:
+    """Whether ``node`` (the scheduler node that would write its result over ``input_buffer``)
+    must not: ``input_buffer`` is a piece living in another buffer's storage (the result would
+    live there too, where the owner's readers see it and which Inductor frees, and hands on,
+    with the owner), or it owns pieces that have a reader still to run."""
+    from torch._inductor.virtualized import V
+
+    if getattr(input_buffer, "node", None) is None:
+        return False
+    if _storage_owner(input_buffer.node) is not None:
+        return True
+    scheduler = node.scheduler
+    pieces = _aliases(scheduler).get(input_buffer.get_name(), set())
+    # (the readers Inductor's own decision also counts as done)
+    done = node.ancestors | V.graph.removed_operations | scheduler.completed_operations
+    for piece in pieces:
+        buf = scheduler.name_to_buf.get(piece)
+        if buf is not None and any(use.node.get_name() not in done for use in buf.users):
+            return True
+    return False
+
+
 def _no_donation(*args: object, **kwargs: object) -> list[int]:
     return []
-
-
-def turn_off_inplace_buffers() -> None:
-    """Apply :data:`INDUCTOR_PATCHES` to the graph Inductor is compiling now: called by our
-    post-grad pass once it spliced a program in, inside a compile whose config patches name
-    these keys (:func:`inductor_patches`), which restore them when the compile ends. Inductor
-    reads them later, when it schedules and generates the kernels."""
-    from torch._inductor import config
-
-    for key, value in INDUCTOR_PATCHES.items():
-        setattr(config, key, value)
 
 
 def dynamo_compile_lock() -> contextlib.AbstractContextManager:

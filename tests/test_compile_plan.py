@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from optimus_eqsat.compile_plan import CompilePlan, PassRecords
-from optimus_eqsat.inductor_compat import INDUCTOR_PATCHES
 from optimus_eqsat.report import OptimizeReport
 
 
@@ -35,14 +34,11 @@ def test_with_every_pass_off_the_original_is_compiled_as_inductor_compiles_it():
     assert not _plan(True, post_grad=False, recompute_masks=False).compiles_the_original
 
 
-def test_patches_name_our_passes_and_keep_inductors_settings_for_an_unrewritten_graph():
-    from torch._inductor import config
-
+def test_patches_name_our_passes_and_leave_inductors_own_settings_alone():
     sink: list = []
     records = PassRecords()
     patches = _plan(False).patches({}, sink, records=records)
-    assert set(INDUCTOR_PATCHES) <= set(patches)
-    assert all(patches[k] == getattr(config, k) for k in INDUCTOR_PATCHES)  # the user's values
+    assert set(patches) == {"post_grad_custom_pre_pass", "joint_custom_post_pass"}  # ours alone
     post = patches["post_grad_custom_pre_pass"]
     post = post[-1] if isinstance(post, tuple) else post
     assert post.sinks == [sink, records.post_grad]  # every report reaches both lists
@@ -50,8 +46,7 @@ def test_patches_name_our_passes_and_keep_inductors_settings_for_an_unrewritten_
     masks = masks[-1] if isinstance(masks, tuple) else masks
     assert masks.sinks == [records.masks] and masks.sliced_sinks == [records.sliced]
     rewritten = _plan(True, recompute_masks=False).patches({})
-    assert {k: rewritten[k] for k in INDUCTOR_PATCHES} == dict(INDUCTOR_PATCHES)
-    assert "joint_custom_post_pass" not in rewritten
+    assert set(rewritten) == {"post_grad_custom_pre_pass"}  # (in-place buffers as the user set them)
 
 
 def test_a_pass_rewrote_the_program_when_a_report_changed_or_sliced_masks_were_recomputed():

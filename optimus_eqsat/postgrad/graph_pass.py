@@ -35,7 +35,7 @@ from optimus_eqsat.api import OptimizeOptions, optimize_graph
 from optimus_eqsat.disk_cache import package_source_files
 from optimus_eqsat.extract.cost_model import profile_for_inputs
 from optimus_eqsat.fx_graphs import copy_module
-from optimus_eqsat.inductor_compat import first_line, is_dynamo_signal, turn_off_inplace_buffers
+from optimus_eqsat.inductor_compat import first_line, install_inplace_alias_fix, is_dynamo_signal
 from optimus_eqsat.postgrad.lowering import fake_inputs, lower_to_aten, splice
 from optimus_eqsat.report import OptimizeReport
 
@@ -59,7 +59,7 @@ def graph_role(graph: torch.fx.Graph) -> str:
 
 
 def optimize_aten_graph(
-    graph: torch.fx.Graph, require_fewer_launches: bool = True, turn_off_inplace: bool = False, **options: Any
+    graph: torch.fx.Graph, require_fewer_launches: bool = True, **options: Any
 ) -> OptimizeReport | None:
     """Optimize a functional aten graph (``meta["val"]`` fake tensors) in place.
 
@@ -68,10 +68,7 @@ def optimize_aten_graph(
     whose storage Inductor's checks of a rewritten graph cannot read). The graph is
     rewritten only when the optimizer's program is predicted to launch fewer kernels
     (``require_fewer_launches=False``: whenever the optimizer keeps its program, as the
-    fuzzer wants); on a failure it is left as it was and the exception propagates.
-    ``turn_off_inplace``: once rewritten, the graph is compiled without in-place buffers
-    (:func:`~..inductor_compat.turn_off_inplace_buffers`: only inside a compile whose config
-    patches restore them)."""
+    fuzzer wants); on a failure it is left as it was and the exception propagates."""
     inputs = fake_inputs(graph)
     if inputs is None or _holds_sparse_tensors(graph):
         return None
@@ -96,8 +93,6 @@ def optimize_aten_graph(
         return report
     lowered = lower_to_aten(optimized, inputs)
     splice(graph, lowered)
-    if turn_off_inplace:
-        turn_off_inplace_buffers()  # our cats must not be written over in place (inductor_compat)
     report.nodes_after = sum(1 for n in graph.nodes if n.op == "call_function")
     return report
 
@@ -126,10 +121,10 @@ POST_GRAD_ILP_SECONDS = 1.0
 class PostGradPass(CustomGraphPass):
     """``optimize_graph`` on every aten graph Inductor compiles (forward and backward).
 
-    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches`` and
-    ``turn_off_inplace`` :func:`optimize_aten_graph`'s (the backend sets the latter, and
-    patches the keys it writes around its compile; installed by hand, compile with
-    ``config.patch(INDUCTOR_PATCHES)`` instead). Reports are appended as ``(role, report)`` pairs,
+    ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches``
+    :func:`optimize_aten_graph`'s. Making one installs, for the process, the fix that keeps
+    Inductor from writing over a concatenation's piece still to be read
+    (:func:`~..inductor_compat.install_inplace_alias_fix`). Reports are appended as ``(role, report)`` pairs,
     role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set).
     ``roles``: the graphs it optimizes; another is left as it is (and reported so). A backward
     graph's ``min_gain`` is a fraction of the whole step: the forward it follows (the last
@@ -138,7 +133,6 @@ class PostGradPass(CustomGraphPass):
     def __init__(
         self,
         require_fewer_launches: bool = True,
-        turn_off_inplace: bool = False,
         roles: tuple[str, ...] = ("forward", "backward"),
         **options: Any,
     ):
@@ -148,7 +142,7 @@ class PostGradPass(CustomGraphPass):
         OptimizeOptions.from_kwargs(**options)  # a caller's mistake is an error here, not in the compile
         self.options = options
         self.require_fewer_launches = require_fewer_launches
-        self.turn_off_inplace = turn_off_inplace
+        install_inplace_alias_fix()  # (our cats' pieces are not written over while read; inductor_compat)
         self.roles = tuple(roles)
         self.reports: list[tuple[str, OptimizeReport]] = []
         self.sinks = [self.reports]  # every list the (role, report) pairs go to
@@ -167,7 +161,7 @@ class PostGradPass(CustomGraphPass):
             # the forward's predicted time: a backward's rewrite must be worth min_gain of the step
             options = {**options, "rest_of_step_s": self._forward_cost_s}
         try:
-            report = optimize_aten_graph(graph, self.require_fewer_launches, self.turn_off_inplace, **options)
+            report = optimize_aten_graph(graph, self.require_fewer_launches, **options)
         except Exception as exc:
             if is_dynamo_signal(exc):
                 raise
@@ -191,6 +185,4 @@ class PostGradPass(CustomGraphPass):
     def uuid(self) -> bytes:
         files = source_files(tuple(self.options.get("rule_files", ())))
         settings = sorted((k, repr(v)) for k, v in self.options.items())
-        return get_hash_for_files(
-            files, repr((settings, self.require_fewer_launches, self.turn_off_inplace, self.roles))
-        )
+        return get_hash_for_files(files, repr((settings, self.require_fewer_launches, self.roles)))
