@@ -123,9 +123,9 @@ class PostGradPass(CustomGraphPass):
 
     ``options`` are :func:`~optimus_eqsat.optimize_graph`'s; ``require_fewer_launches``
     :func:`optimize_aten_graph`'s. Making one installs, for the process, the fix that keeps
-    Inductor from writing over a concatenation's piece still to be read
-    (:func:`~..inductor_compat.install_inplace_alias_fix`). Reports are appended as ``(role, report)`` pairs,
-    role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set).
+    Inductor from writing a result in place over a piece of a concatenation
+    (:func:`~..inductor_compat.install_inplace_alias_fix`). Reports are appended as
+    ``(role, report)`` pairs, role "forward" or "backward", to every list in ``sinks`` (``[reports]`` unless set).
     ``roles``: the graphs it optimizes; another is left as it is (and reported so). A backward
     graph's ``min_gain`` is a fraction of the whole step: the forward it follows (the last
     forward graph the pass optimized) counts as the rest of the step."""
