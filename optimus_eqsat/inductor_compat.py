@@ -146,18 +146,22 @@ def install_inplace_alias_fix() -> bool:
     return wrap_once(PythonWrapperCodegen, "can_reuse", wrap)
 
 
-def _storage_owner(buffer: Any) -> str | None:
-    """The name of the buffer whose storage ``buffer`` (an Inductor IR buffer) writes into, or
-    None when it owns its storage ("" when the owner cannot be named)."""
+def _is_piece(buffer: Any) -> bool:
+    """Whether ``buffer`` (an Inductor IR buffer) writes into another buffer's storage."""
     from torch._inductor import ir
 
-    layout = getattr(buffer, "layout", None)
-    if not isinstance(layout, ir.NonOwningLayout):
-        return None
-    target: Any = layout.view
+    return isinstance(getattr(buffer, "layout", None), ir.NonOwningLayout)
+
+
+def _storage_owner(buffer: Any) -> str | None:
+    """The name of the buffer whose storage the piece ``buffer`` writes into (None where it
+    cannot be named)."""
+    from torch._inductor import ir
+
+    target: Any = buffer.layout.view
     while isinstance(target, (ir.BaseView, ir.MutableBox)):  # views, storage and tensor boxes
         target = target.data
-    return target.get_name() if isinstance(target, ir.Buffer) else ""
+    return target.get_name() if isinstance(target, ir.Buffer) else None
 
 
 def _aliases(scheduler: Any) -> dict[str, set[str]]:
@@ -167,7 +171,7 @@ def _aliases(scheduler: Any) -> dict[str, set[str]]:
     if aliases is None:
         aliases = {}
         for name, buf in scheduler.name_to_buf.items():
-            owner = _storage_owner(buf.node) if buf.node is not None else None
+            owner = _storage_owner(buf.node) if _is_piece(buf.node) else None
             if owner is not None:
                 aliases.setdefault(owner, set()).add(name)
         scheduler._optimus_eqsat_aliases = aliases
@@ -183,7 +187,7 @@ def _unsafe_to_write_over(input_buffer: Any, node: Any) -> bool:
 
     if getattr(input_buffer, "node", None) is None:
         return False
-    if _storage_owner(input_buffer.node) is not None:
+    if _is_piece(input_buffer.node):
         return True
     scheduler = node.scheduler
     pieces = _aliases(scheduler).get(input_buffer.get_name(), set())
