@@ -18,6 +18,13 @@ exception out of the optimizer). The generator's own failures are counted apart.
 
     python -m benchmarks.fuzz_at_scale --graphs 10000 --out benchmarks/results/fuzz
     python -m benchmarks.fuzz_at_scale --graphs 10000 --shard 1/2 ...   # and 2/2, then --merge
+    python -m benchmarks.fuzz_at_scale --compiled --graphs 300 --out benchmarks/results/fuzz_compiled
+
+``--compiled`` compiles each graph with ``torch.compile`` and our backend instead
+(tests/test_fuzz_compiled.py: Inductor's generated code of our programs, against eager); a
+mismatch is compiled again with Inductor alone, and counted ``inductor_mismatch`` where
+Inductor's own program fails the same check. A Dynamo flavour's case compiles the eager
+program its graph was captured from (a captured graph cannot be traced again).
 
 Writes one JSON line per case (``cases-K-of-N.jsonl``, resumable: cases already in the
 file are skipped) and ``summary.md`` (per flavour: outcomes, seconds per graph, FX nodes
@@ -52,27 +59,49 @@ from tests.test_fuzz import (  # noqa: E402  (the fuzzer's own harness)
     check_optimizer,
     make_case,
 )
+from tests.test_fuzz_compiled import backend_for_fuzzing, check_compiled, compiled_options  # noqa: E402
 
 OUTCOMES = ("changed", "unchanged", "fallback", "mismatch", "crash", "generator_error")
+COMPILED_OUTCOMES = ("changed", "unchanged", "fallback", "mismatch", "inductor_mismatch", "crash", "generator_error")
 
 
-def plan(n_graphs: int) -> list[tuple[str, int]]:
-    """(flavour, seed) for n_graphs cases, flavours in the unit test's shares."""
+def plan(n_graphs: int, compiled: bool = False) -> list[tuple[str, int]]:
+    """(flavour, seed) for n_graphs cases, flavours in the unit test's shares. ``compiled``:
+    without the cases whose compiled program another flavour's case already is (``meta`` is
+    ``plain`` compiled, a Dynamo flavour the program it captures)."""
     total = sum(share for _, share, _ in FLAVOURS.values())
-    cases = []
+    cases, programs = [], set()
     for name, (_, share, _) in FLAVOURS.items():
-        cases += [(name, seed) for seed in range(max(1, round(n_graphs * share / total)))]
+        for seed in range(max(1, round(n_graphs * share / total))):
+            options, dynamic = compiled_options(name)
+            program = (tuple(sorted(options.items(), key=str)), dynamic, seed)
+            if not (compiled and program in programs):
+                cases.append((name, seed))
+            programs.add(program)
     return cases
 
 
-def run_case(flavour: str, seed: int) -> dict[str, Any]:
-    """One generated graph through the optimizer and the eager comparison."""
+def _new_case(flavour: str, seed: int) -> tuple[dict[str, Any], Any]:
+    """The case's first columns and its generated graph (None where the generator failed)."""
     row: dict[str, Any] = {"flavour": flavour, "seed": seed, "n_ops": _n_ops(seed)}
     try:
         g = make_case(flavour, seed)
     except Exception as exc:
-        return row | {"outcome": "generator_error", "error": f"{type(exc).__name__}: {exc}"[:300]}
-    row["fx_nodes"] = len(g.gm.graph.nodes)
+        return row | {"outcome": "generator_error", "error": f"{type(exc).__name__}: {exc}"[:300]}, None
+    return row | {"fx_nodes": len(g.gm.graph.nodes)}, g
+
+
+def _failure(outcome: str, start: float, exc: BaseException, whole: bool = False) -> dict[str, Any]:
+    """The columns of a failed case: the outcome, seconds, the error (its traceback if ``whole``)."""
+    error = "".join(traceback.format_exception(exc))[-1500:] if whole else "".join(traceback.format_exception_only(exc))
+    return {"outcome": outcome, "seconds": time.perf_counter() - start, "error": error[: 1500 if whole else 600]}
+
+
+def run_case(flavour: str, seed: int) -> dict[str, Any]:
+    """One generated graph through the optimizer and the eager comparison."""
+    row, g = _new_case(flavour, seed)
+    if g is None:
+        return row
     row["low_precision_kept_fp32"] = "eager lacks a kernel" in g.description
     start = time.perf_counter()
     try:
@@ -82,17 +111,9 @@ def run_case(flavour: str, seed: int) -> dict[str, Any]:
         if FLAVOURS[flavour][0].get("dynamic_batch"):
             row["second_batch_checked"] = check_dynamic_batch(g, result)
     except AssertionError as exc:
-        return row | {
-            "outcome": "mismatch",
-            "seconds": time.perf_counter() - start,
-            "error": "".join(traceback.format_exception_only(exc))[:600],
-        }
+        return row | _failure("mismatch", start, exc)
     except Exception as exc:
-        return row | {
-            "outcome": "crash",
-            "seconds": time.perf_counter() - start,
-            "error": "".join(traceback.format_exception(exc))[-1500:],
-        }
+        return row | _failure("crash", start, exc, whole=True)
     report = result.meta["optimus_eqsat"]
     row["seconds"] = time.perf_counter() - start
     row["fx_nodes_after"] = len(result.graph.nodes)
@@ -109,12 +130,43 @@ def run_case(flavour: str, seed: int) -> dict[str, Any]:
     return row
 
 
+def run_compiled_case(flavour: str, seed: int) -> dict[str, Any]:
+    """One generated graph compiled with our backend against eager; a mismatch compiled again
+    with Inductor alone, to tell Inductor's own errors from ours."""
+    row, g = _new_case(flavour, seed)
+    if g is None:
+        return row
+    torch._dynamo.reset()  # (each case's compiles alone: no cache of an earlier case's graphs)
+    backend = backend_for_fuzzing()
+    start = time.perf_counter()
+    try:
+        check_compiled(flavour, seed, backend)
+    except AssertionError as exc:
+        torch._dynamo.reset()
+        try:
+            check_compiled(flavour, seed, "inductor")
+        except AssertionError:
+            return row | _failure("inductor_mismatch", start, exc)
+        return row | _failure("mismatch", start, exc)
+    except Exception as exc:
+        return row | _failure("crash", start, exc, whole=True)
+    row["seconds"] = time.perf_counter() - start
+    row["graphs"] = len(backend.reports)
+    # (the post-grad pass's reports say which aten graphs it left alone, no fallback of a program)
+    post_grad = [report for _, report in backend.post_grad_reports]
+    fell_back = [r.fallback_reason or "" for r in backend.reports if r.fell_back]
+    if fell_back:
+        return row | {"outcome": "fallback", "reason": fell_back[0][:200]}
+    return row | {"outcome": "changed" if any(r.changed for r in backend.reports + post_grad) else "unchanged"}
+
+
 def _reason_key(reason: str) -> str:
     return reason.split("(")[0].split(":")[0].strip()[:80] or "?"
 
 
-def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None) -> str:
-    """The summary table (markdown)."""
+def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None, compiled: bool = False) -> str:
+    """The summary table (markdown); ``compiled``: of ``--compiled`` cases."""
+    outcomes = COMPILED_OUTCOMES if compiled else OUTCOMES
     by_flavour: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_flavour[r["flavour"]].append(r)
@@ -123,30 +175,44 @@ def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None)
         "",
         f"Command: `{command}`",
         "",
-        "Each graph optimized with `raise_on_error=True, never_worse=False` and compared with eager (outputs, gradients "
-        "of float inputs and parameters; low precision against float64 arbitration).",
+        (
+            'Each graph compiled with `torch.compile` and our backend (`measure=False, profile="h200", '
+            "raise_on_error=True, never_worse=False`) and compared with eager (outputs, gradients of float inputs "
+            "and parameters, buffers after the step; a value further from float64 than twice eager's error is a "
+            "mismatch, and one Inductor alone also gets wrong is Inductor's). Seconds: both compiles and the runs."
+            if compiled
+            else "Each graph optimized with `raise_on_error=True, never_worse=False` and compared with eager "
+            "(outputs, gradients of float inputs and parameters; low precision against float64 arbitration)."
+        ),
         "",
         "| flavour | graphs | "
-        + " | ".join(OUTCOMES)
+        + " | ".join(outcomes)
         + " | s/graph (median) | s/graph (max) | FX nodes (median before -> after) |",
-        "|---" * (len(OUTCOMES) + 5) + "|",
+        "|---" * (len(outcomes) + 5) + "|",
     ]
     for flavour, rs in list(by_flavour.items()) + [("all", rows)]:
         counts = Counter(r["outcome"] for r in rs)
         secs = [r["seconds"] for r in rs if "seconds" in r] or [0.0]
         before = [r["fx_nodes"] for r in rs if "fx_nodes_after" in r] or [0]
         after = [r["fx_nodes_after"] for r in rs if "fx_nodes_after" in r] or [0]
+        # (a compiled case's program is Inductor's: no FX program after to count)
+        nodes = (
+            f"{statistics.median([r.get('fx_nodes', 0) for r in rs]):.0f} -> -"
+            if compiled
+            else f"{statistics.median(before):.0f} -> {statistics.median(after):.0f}"
+        )
         lines.append(
             f"| {flavour} | {len(rs)} | "
-            + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
-            + f" | {statistics.median(secs):.2f} | {max(secs):.1f} | {statistics.median(before):.0f} -> {statistics.median(after):.0f} |"
+            + " | ".join(str(counts.get(o, 0)) for o in outcomes)
+            + f" | {statistics.median(secs):.2f} | {max(secs):.1f} | {nodes} |"
         )
-    slower = sum(bool(r.get("predicted_slower")) for r in rows)
-    lines += [
-        "",
-        f"Predicted slower than the original (checked all the same; `never_worse`, on by default, "
-        f"would have returned the original): {slower} of {len(rows)}.",
-    ]
+    if not compiled:
+        slower = sum(bool(r.get("predicted_slower")) for r in rows)
+        lines += [
+            "",
+            f"Predicted slower than the original (checked all the same; `never_worse`, on by default, "
+            f"would have returned the original): {slower} of {len(rows)}.",
+        ]
     dyn = [r for r in rows if "second_batch_checked" in r]
     if dyn:
         lines += [
@@ -176,7 +242,7 @@ def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None)
             f"- {r['flavour']}-{r['seed']} {r['outcome']}: {r.get('error', '').strip().splitlines()[-1][:200]}"
             for r in first
         ]
-    bad = [r for r in rows if r["outcome"] in ("mismatch", "crash", "generator_error")]
+    bad = [r for r in rows if r["outcome"] in ("mismatch", "inductor_mismatch", "crash", "generator_error")]
     if bad:
         lines += ["", "Failures (reproduce: `make_case(flavour, seed)` in tests/test_fuzz.py):", ""]
         lines += [
@@ -205,11 +271,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a helper for a running shard: take its cases from the end (own file), stop where they meet",
     )
+    ap.add_argument("--compiled", action="store_true", help="compile each graph with our backend (Inductor's code)")
     args = ap.parse_args(argv)
     logging.getLogger("optimus_eqsat").setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
     k, n = (int(v) for v in args.shard.split("/"))
-    command = f"python -m benchmarks.fuzz_at_scale --graphs {args.graphs}" + (
+    command = f"python -m benchmarks.fuzz_at_scale{' --compiled' if args.compiled else ''} --graphs {args.graphs}" + (
         f" (shards 1/{n}..{n}/{n})" if n > 1 else ""
     )
     if not args.merge:
@@ -218,20 +285,21 @@ def main(argv: list[str] | None = None) -> None:
         done = {
             (r["flavour"], r["seed"]) for r in _read([forward, forward.with_name(f"cases-{k}-of-{n}-reverse.jsonl")])
         }
-        todo = [c for i, c in enumerate(plan(args.graphs)) if i % n == k - 1 and c not in done]
+        todo = [c for i, c in enumerate(plan(args.graphs, args.compiled)) if i % n == k - 1 and c not in done]
         if args.reverse:
             todo.reverse()
         with single_thread(), path.open("a") as f:
             for i, (flavour, seed) in enumerate(todo):
                 if args.reverse and (flavour, seed) in {(r["flavour"], r["seed"]) for r in _read([forward])}:
                     break  # met the shard it helps
-                f.write(json.dumps(run_case(flavour, seed)) + "\n")
+                f.write(json.dumps((run_compiled_case if args.compiled else run_case)(flavour, seed)) + "\n")
                 f.flush()
-                if i % 100 == 0:
+                if i % (10 if args.compiled else 100) == 0:
                     print(f"{time.strftime('%H:%M:%S')} {i}/{len(todo)}", flush=True)
     rows = list({(r["flavour"], r["seed"]): r for r in _read(sorted(args.out.glob("cases-*-of-*.jsonl")))}.values())
-    (args.out / "summary.md").write_text(summarize(rows, command, args.out))
-    print(summarize(rows, command, args.out))
+    summary = summarize(rows, command, args.out, compiled=args.compiled)
+    (args.out / "summary.md").write_text(summary)
+    print(summary)
 
 
 if __name__ == "__main__":

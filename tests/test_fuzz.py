@@ -336,9 +336,10 @@ def _unrunnable_candidates() -> Iterator[list[str]]:
         logger.removeHandler(handler)
 
 
-def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
+def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule, float64_program: bool = True) -> None:
     """Outputs and gradients (float inputs, parameters) of ``result`` equal eager's on
-    ``g.example_inputs``."""
+    ``g.example_inputs``. ``float64_program=False``: ``result`` cannot be run in float64 as a
+    copy (a compiled program), so a value further from float64 than twice eager's error fails."""
 
     # Parameters are matched by name. One the result no longer holds (e.g. its
     # linear was sliced away: slice-of-cat) counts as a zero gradient, which
@@ -373,7 +374,7 @@ def compare_with_eager(g: GeneratedGraph, result: fx.GraphModule) -> None:
     checks += [(a, e, f"grad of parameter {n}", ATOL_GRAD) for n, a, e in zip(eager_params, gpar_o, gpar_e)]
     names = [f"state input {i}" for i in state] + [f"buffer {n}" for n in initial]
     checks += [(a, e, f"{n} after the step", ATOL_OUT) for n, a, e in zip(names, state_o, state_e)]
-    _compare(g, checks, upstream, result)
+    _compare(g, checks, upstream, result if float64_program else None)
     report = result.meta.get("optimus_eqsat")
     if report is None or report.mode != "training":
         return
