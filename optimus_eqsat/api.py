@@ -107,6 +107,7 @@ def optimize_graph(
         report.fall_back(f"{exc}; kept the original")
         report.stop_reason = StopReason.TIME_LIMIT.value
         result = copy_module(gm)
+        key = None  # (not stored: a restart falls back as fast, and storing a large graph takes seconds)
     except BaseException as exc:  # (a panic in egglog's Rust code is a BaseException)
         if not isinstance(exc, Exception) and not is_rust_panic(exc):
             raise  # KeyboardInterrupt, SystemExit
@@ -205,6 +206,10 @@ class OptimizationRun:
         self.budget = budget = Budget(opts.time_limit_s)  # the whole run's (optimus_eqsat/budget.py)
         rulesets = opts.egglog_rulesets() if self.rulesets is None else self.rulesets
         with phase(report, "translate"):
+            # (a graph the phases after saturation alone would take the budget for is not
+            # translated, which costs seconds in proportion to its size: the original at once)
+            budget.fx_nodes = op_count(self.gm)
+            budget.check("translating the graph")
             decline_data_dependent_sizes(self.gm)
             regions = state_changes_by_kind(self.gm)
             decline_state_changes([change for kind, change in regions if kind == "grad"])

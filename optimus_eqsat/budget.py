@@ -6,8 +6,8 @@ early; translation, export, rebuild and the cost model's predictions cannot, and
 take time in proportion to the graph. So the budget keeps a reserve for them:
 saturation stops where the reserve begins, the ILP and refine get what is left of
 the budget less what follows them, and when the reserve alone no longer fits before
-loading (or while loading), the run returns the original graph
-(:class:`~optimus_eqsat.saturate.TimeLimitReached`).
+translating (the graph's ops give the reserve then), before loading or while loading, the run
+returns the original graph (:class:`~optimus_eqsat.saturate.TimeLimitReached`).
 
 The reserve grows with the graph: AFTER_S_PER_NODE seconds per FX node. On the
 synthetic generators (benchmarks/synthetic.py) at 10,000 nodes, on a 2-core machine
@@ -57,7 +57,7 @@ class Budget:
 
     limit_s: float
     start: float = field(default_factory=time.perf_counter)
-    fx_nodes: int = 0  # the graph's size, set once translated: scales the reserve
+    fx_nodes: int = 0  # the graph's size (its ops, then its translated nodes): scales the reserve
 
     @property
     def deadline(self) -> float:

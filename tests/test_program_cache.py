@@ -122,22 +122,24 @@ def test_a_module_switched_between_train_and_eval_is_not_served_the_other_modes_
         torch.testing.assert_close(evaluated(x), gm(x))
 
 
-def test_the_cost_models_fallback_and_a_time_limit_cut_are_cached_an_error_is_not(cache_dir, monkeypatch):
+def test_the_cost_models_fallback_is_cached_an_error_and_a_time_limits_original_are_not(cache_dir, monkeypatch):
     gm, inputs = _demo()
     declined = optimize_graph(gm, inputs, profile="h100", min_gain=0.99)
     assert declined.meta["optimus_eqsat"].fell_back
     again = optimize_graph(gm, inputs, profile="h100", min_gain=0.99)
     assert again.meta["optimus_eqsat"].from_cache and again.meta["optimus_eqsat"].fell_back
     assert again.code == declined.code
+    # the original kept by a budget spent before saturation: storing it would cost what a
+    # restart's fallback costs (a large graph's pickle takes seconds)
     cut = optimize_graph(gm, inputs, profile="h100", time_limit_s=1e-6)
-    assert cut.meta["optimus_eqsat"].stop_reason == "time_limit" and len(PROGRAMS) == 2
+    assert cut.meta["optimus_eqsat"].stop_reason == "time_limit" and len(PROGRAMS) == 1
     again = optimize_graph(gm, inputs, profile="h100", time_limit_s=1e-6)
-    assert again.meta["optimus_eqsat"].from_cache and again.code == cut.code
+    assert not again.meta["optimus_eqsat"].from_cache and again.code == cut.code
     import optimus_eqsat.api as api
 
     monkeypatch.setattr(api.OptimizationRun, "optimize", lambda self: 1 / 0)
     failed = optimize_graph(gm, inputs, profile="h100", min_gain=0.5)
-    assert failed.meta["optimus_eqsat"].fell_back and len(PROGRAMS) == 2
+    assert failed.meta["optimus_eqsat"].fell_back and len(PROGRAMS) == 1
 
 
 @pytest.mark.parametrize("switch", ["env", "option", "inductor_force_disable_caches"])

@@ -151,6 +151,22 @@ def test_load_past_its_deadline_keeps_the_original():
     assert out.code == gm.code
 
 
+def test_a_graph_the_budget_cannot_hold_is_not_translated(monkeypatch):
+    # The phases after saturation cannot stop early (0.4 ms per op reserved): a budget that
+    # cannot hold them for this graph gives the original back without translating it.
+    import optimus_eqsat.api as api
+    from optimus_eqsat import optimize_graph
+    from optimus_eqsat.budget import AFTER_S_PER_NODE
+
+    gm, inputs = GENERATORS["swap_halves_chain"](3000)
+    monkeypatch.setattr(api, "translate", lambda *a, **k: pytest.fail("translated"))
+    limit = 0.5 * AFTER_S_PER_NODE * 3000
+    out = optimize_graph(gm, time_limit_s=limit, persistent_cache=False)
+    report = out.meta["optimus_eqsat"]
+    assert report.stop_reason == "time_limit" and "before translating" in report.fallback_reason
+    assert out.code == gm.code and out is not gm
+
+
 @pytest.mark.parametrize("name", ["swap_halves_chain", "mul_chain"])
 def test_time_limit_bounds_the_whole_run(name):
     # The budget bounds every phase together: a 1 s limit on graphs that take seconds
