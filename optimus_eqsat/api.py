@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,15 +42,21 @@ from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
 from optimus_eqsat.own_outputs import contiguous_outputs, own_sliced_outputs
 from optimus_eqsat.program_cache import load_program, program_key, store_program
-from optimus_eqsat.rebuild import propagate_meta, rebuild
+from optimus_eqsat.rebuild import RebuildCycle, propagate_meta, rebuild
 from optimus_eqsat.refine_run import refine_run
 from optimus_eqsat.report import OptimizeReport
 from optimus_eqsat.rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
 from optimus_eqsat.run_support import gc_paused, phase
 from optimus_eqsat.saturate import EGraphSession, Limits, StopReason, TimeLimitReached
+from optimus_eqsat.term import VIEW_CTORS
 from optimus_eqsat.translate import translate
 
 log = logging.getLogger("optimus_eqsat")
+
+# Extractions a run builds at most where each runs in a cycle through an opaque op
+# (OptimizationRun._build_without_cycles): each repair removes the member views of one cycle,
+# and another may then close (five in a row on a fuzzed aten graph with in-place ops).
+CYCLE_REPAIRS = 8
 
 
 class OptimizationError(RuntimeError):
@@ -125,6 +132,13 @@ def optimize_graph(
         store_program(key, gm, result, report, bool(wants_meta))
     guard_written_out_modes(gm, result)  # (after the store: the cache holds graphs of tensors)
     return result
+
+
+def _may_close_cycles(chosen: str, own: set[str]) -> bool:
+    """Whether a class's chosen constructor may close a cycle through an opaque op, and can
+    go: a view (a member read from a batched term, which reads the op's result) where no
+    original node of the class is such a view, so the original program stays extractable."""
+    return bool(own) and chosen in VIEW_CTORS and chosen not in own
 
 
 def is_rust_panic(exc: BaseException) -> bool:
@@ -321,6 +335,34 @@ class OptimizationRun:
                 propagate_meta(result, self.example_inputs)
         return result
 
+    def _build_without_cycles(self, meta: bool) -> torch.fx.GraphModule:
+        """:meth:`build`; where the extraction runs in a cycle through an op the e-graph keeps
+        opaque (what such an op reads is not in the e-graph, so the extractors cannot see it),
+        extract again without the choices on it that may close it (:func:`_may_close_cycles`),
+        at most ``CYCLE_REPAIRS`` times."""
+        forbidden: set[tuple[int, int]] = set()  # (class, id of the e-node)
+        own_kinds: dict[int, set[str]] = {}  # class -> constructors of its original nodes' terms
+        for i, term in self.translation.terms.items():
+            if i in self.egraph.class_of_id:
+                own_kinds.setdefault(self.egraph.class_of_id[i], set()).add(term.ctor)
+        cost = self.cost
+
+        def without_forbidden(c: int, node: Any) -> float:
+            return math.inf if (c, id(node)) in forbidden else cost(c, node)
+
+        for _ in range(CYCLE_REPAIRS):
+            try:
+                return self.build(meta)
+            except RebuildCycle as exc:
+                chosen = [(c, self.egraph.classes[c][self.extraction.choice[c]]) for c in exc.classes]
+                closing = {(c, id(node)) for c, node in chosen if _may_close_cycles(node.ctor, own_kinds.get(c, set()))}
+                if closing <= forbidden:
+                    raise
+                forbidden |= closing
+                log.info("optimus_eqsat: %s; extracting again without %d choices on it", exc, len(closing))
+                self.extract(cost=without_forbidden)
+        return self.build(meta)
+
     def _as_it_runs(self) -> contextlib.AbstractContextManager[None]:
         """The autocast in force turned off: the translated graph has its casts written out
         and computes without it what the original computes under it (a float32 region's ops,
@@ -369,7 +411,7 @@ class OptimizationRun:
         refine = opts.refine_batches and self.batches is not None
         result: torch.fx.GraphModule | None
         with phase(report, "rebuild"):
-            result = self.build(meta=not refine)
+            result = self._build_without_cycles(meta=not refine)
         with phase(report, "verify"):
             report.launches_before, report.cost_before = predict(
                 with_regions_inlined(self.source), self.example_inputs, self.objective

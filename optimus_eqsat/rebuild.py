@@ -52,6 +52,22 @@ class RebuildError(RuntimeError):
     """The chosen program cannot be written as an FX graph (for example, a cycle)."""
 
 
+class RebuildCycle(RebuildError):
+    """The chosen program runs in a cycle: ``classes`` are the e-classes on it, in order. The
+    extractors keep their choices acyclic in the e-graph; what an op the e-graph keeps opaque
+    reads is not in it, so a cycle through such an op is found here."""
+
+    def __init__(self, message: str, classes: list[int]):
+        super().__init__(message)
+        self.classes = classes
+
+
+def _cycle(path: list[tuple[str, int]], back_to: tuple[str, int]) -> RebuildCycle:
+    """The cycle the task ``back_to`` closes on ``path`` (the tasks being expanded, in order)."""
+    on_cycle = path[path.index(back_to) :]
+    return RebuildCycle(f"cycle through {back_to}", [key for kind, key in on_cycle if kind == "class"])
+
+
 def python_scalar(c: float) -> int | float:
     """The Python scalar to write: whole numbers as ints (integral tensors keep their
     dtype; float tensors compute the same), unless too large for int64."""
@@ -185,23 +201,24 @@ class Rebuilder:
 
     def _run(self, tasks: list[tuple[str, int]]) -> None:
         stack = [(task, False) for task in reversed(tasks)]
-        active: set[tuple[str, int]] = set()
+        # the tasks being expanded: the path from a root to the current one, in order
+        active: dict[tuple[str, int], None] = {}
         while stack:
             task, expanded = stack.pop()
             if self._done(task):
                 continue
             if expanded:
-                active.discard(task)
+                active.pop(task, None)
                 self._emit(task)
                 continue
             if task in active:
-                raise RebuildError(f"cycle through {task}")
-            active.add(task)
+                raise _cycle(list(active), task)
+            active[task] = None
             stack.append((task, True))
             for dep in self._deps(task):
                 if not self._done(dep):
                     if dep in active:
-                        raise RebuildError(f"cycle through {dep}")
+                        raise _cycle(list(active), dep)
                     stack.append((dep, False))
 
     def _chosen(self, c: int) -> TermNode:

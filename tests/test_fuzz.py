@@ -1052,3 +1052,16 @@ def test_cases_found_at_scale(flavour: str, seed: int) -> None:
             check_optimizer(optimize_graph, g, FLAVOURS[flavour][2], **_fuzz_options())
     except Exception as e:
         raise AssertionError(_explain(flavour, seed, g)) from e
+
+
+def test_post_grad_case_found_compiled_at_scale(caplog: pytest.LogCaptureFixture) -> None:
+    """inplace-31 compiled through the backend (``benchmarks.fuzz_at_scale --compiled``): the
+    H200's plan for its aten forward graph ran in a cycle through an opaque ``slice_scatter``
+    (batched terms whose members read it and are read by it; the extractors do not see what an
+    opaque op reads), and the run fell back. It is extracted again without the member views on
+    each cycle (five in a row here) until the program builds, and equals eager."""
+    g = make_case("inplace", 31)
+    with caplog.at_level(logging.INFO, logger="optimus_eqsat"):
+        reports = check_post_grad(g, profile="h200", **_fuzz_options())
+    assert any(report.changed for _, report in reports)
+    assert "extracting again without" in caplog.text
