@@ -272,20 +272,22 @@ def main(argv: list[str] | None = None) -> None:
         help="a helper for a running shard: take its cases from the end (own file), stop where they meet",
     )
     ap.add_argument("--compiled", action="store_true", help="compile each graph with our backend (Inductor's code)")
+    ap.add_argument("--flavours", default="", help="comma-separated: only these flavours' cases of the plan")
     args = ap.parse_args(argv)
     logging.getLogger("optimus_eqsat").setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
     k, n = (int(v) for v in args.shard.split("/"))
-    command = f"python -m benchmarks.fuzz_at_scale{' --compiled' if args.compiled else ''} --graphs {args.graphs}" + (
-        f" (shards 1/{n}..{n}/{n})" if n > 1 else ""
-    )
+    command = f"python -m benchmarks.fuzz_at_scale{' --compiled' if args.compiled else ''} --graphs {args.graphs}"
+    command += f" --flavours {args.flavours}" if args.flavours else ""
+    command += f" (shards 1/{n}..{n}/{n})" if n > 1 else ""
     if not args.merge:
         forward = args.out / f"cases-{k}-of-{n}.jsonl"
         path = args.out / f"cases-{k}-of-{n}-reverse.jsonl" if args.reverse else forward
         done = {
             (r["flavour"], r["seed"]) for r in _read([forward, forward.with_name(f"cases-{k}-of-{n}-reverse.jsonl")])
         }
-        todo = [c for i, c in enumerate(plan(args.graphs, args.compiled)) if i % n == k - 1 and c not in done]
+        chosen = [c for c in plan(args.graphs, args.compiled) if not args.flavours or c[0] in args.flavours.split(",")]
+        todo = [c for i, c in enumerate(chosen) if i % n == k - 1 and c not in done]
         if args.reverse:
             todo.reverse()
         with single_thread(), path.open("a") as f:
