@@ -223,7 +223,7 @@ class OptimizationRun:
             # (a graph the phases after saturation alone would take the budget for is not
             # translated, which costs seconds in proportion to its size: the original at once)
             budget.fx_nodes = op_count(self.gm)
-            budget.check("translating the graph")
+            budget.check_fits()
             decline_data_dependent_sizes(self.gm)
             regions = state_changes_by_kind(self.gm)
             decline_state_changes([change for kind, change in regions if kind == "grad"])

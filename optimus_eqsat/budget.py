@@ -83,6 +83,19 @@ class Budget:
         if time.perf_counter() > self.saturation_deadline():
             raise TimeLimitReached(f"time limit ({self.limit_s:g} s) reached before {before}")
 
+    def check_fits(self) -> None:
+        """Raise :class:`TimeLimitReached` when the reserve for a graph of ``fx_nodes`` ops
+        alone leaves saturation no time: the graph is not even translated, and the reason
+        says which budget would do."""
+        if time.perf_counter() > self.saturation_deadline():
+            after_s = AFTER_S_PER_NODE * self.fx_nodes
+            raise TimeLimitReached(
+                f"time limit ({self.limit_s:g} s) too short for a graph of {self.fx_nodes} ops: the phases "
+                f"after saturation alone take about {after_s:.0f} s ({AFTER_S_PER_NODE * 1e3:g} ms per op); "
+                f"time_limit_s must be well above {after_s / (1 - MARGIN_SHARE):.0f} s (translating, loading and "
+                "saturating come first) for it to be optimized"
+            )
+
     def extractor(self, name: str, ilp_limit_s: float) -> tuple[str, float]:
         """The extractor to run for ``name`` ("auto", "greedy", "ilp") and the ILP's time limit."""
         ilp_s = self.share(ilp_limit_s)
