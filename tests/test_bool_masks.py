@@ -232,3 +232,31 @@ def test_mask_of_a_piece_of_a_cat_built_from_the_mask_keeps_its_source():
     assert recomputable_masks(graph) == []
     assert mask.args[0] is ra
     graph.lint()
+
+
+def test_a_cat_holding_a_piece_twice_is_never_sliced_for_a_mask():
+    """A mask of a piece a cat holds twice is left saved: recomputed from a slice of that
+    cat, Inductor (torch 2.13) wrote the forward's stack wrongly (3.6 off in one slot; found by
+    the compiled fuzzer, gated-19). Compiled with the pass against eager."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        v = x.view(1, 4)
+        b = torch.cat([v, torch.cat([v, v], 1)], 1)
+        t = torch.tanh(b)
+        return torch.stack([b, t, torch.minimum(t, b), t])
+
+    x0 = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    upstream = torch.randn(4, 1, 12, generator=torch.Generator().manual_seed(1))
+
+    def run(fn):
+        x = x0.clone().requires_grad_()
+        out = fn(x)
+        out.backward(upstream)
+        return out.detach(), x.grad
+
+    torch._dynamo.reset()
+    recompute = RecomputeMasks()
+    with torch._inductor.config.patch(joint_custom_post_pass=recompute, force_disable_caches=True):
+        got = run(torch.compile(f, backend="inductor"))
+    for a, e in zip(got, run(f)):
+        torch.testing.assert_close(a, e)

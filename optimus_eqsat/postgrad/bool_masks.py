@@ -96,6 +96,10 @@ def _piece_of_saved_cat(node: torch.fx.Node, backward: set[torch.fx.Node]) -> tu
         ):
             continue
         pieces = cast(Sequence[torch.fx.node.Argument], user.args[0])
+        if sum(piece is node for piece in pieces) > 1:
+            # a piece the cat holds twice: Inductor (torch 2.13) then writes the forward's cat
+            # wrongly once a mask reads a slice of it (test_a_cat_holding_a_piece_twice_...)
+            continue
         dim = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", 0)
         value = _value(user)
         dim = dim % value.dim()
