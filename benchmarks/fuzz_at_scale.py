@@ -234,8 +234,12 @@ def summarize(rows: list[dict[str, Any]], command: str, out: Path | None = None,
         lines += [
             "",
             "First pass: these cases failed and were run again after the fixes they led to "
-            "(their rows above are the second run; tests/test_fuzz.py keeps them: "
-            + ("test_post_grad_case_found_compiled_at_scale" if compiled else "test_cases_found_at_scale")
+            "(their rows above are the second run; "
+            + (
+                "a unit test keeps each, see below"
+                if compiled
+                else "tests/test_fuzz.py::test_cases_found_at_scale keeps them"
+            )
             + "):",
             "",
         ]
