@@ -341,10 +341,7 @@ class OptimizationRun:
         extract again without the choices on it that may close it (:func:`_may_close_cycles`),
         at most ``CYCLE_REPAIRS`` times."""
         forbidden: set[tuple[int, int]] = set()  # (class, id of the e-node)
-        own_kinds: dict[int, set[str]] = {}  # class -> constructors of its original nodes' terms
-        for i, term in self.translation.terms.items():
-            if i in self.egraph.class_of_id:
-                own_kinds.setdefault(self.egraph.class_of_id[i], set()).add(term.ctor)
+        own_kinds: dict[int, set[str]] | None = None  # made at the first cycle: most runs have none
         cost = self.cost
 
         def without_forbidden(c: int, node: Any) -> float:
@@ -354,6 +351,7 @@ class OptimizationRun:
             try:
                 return self.build(meta)
             except RebuildCycle as exc:
+                own_kinds = self._own_kinds() if own_kinds is None else own_kinds
                 chosen = [(c, self.egraph.classes[c][self.extraction.choice[c]]) for c in exc.classes]
                 closing = {(c, id(node)) for c, node in chosen if _may_close_cycles(node.ctor, own_kinds.get(c, set()))}
                 if closing <= forbidden:
@@ -362,6 +360,14 @@ class OptimizationRun:
                 log.info("optimus_eqsat: %s; extracting again without %d choices on it", exc, len(closing))
                 self.extract(cost=without_forbidden)
         return self.build(meta)
+
+    def _own_kinds(self) -> dict[int, set[str]]:
+        """Each e-class of an original node -> the constructors of its original nodes' terms."""
+        kinds: dict[int, set[str]] = {}
+        for i, term in self.translation.terms.items():
+            if i in self.egraph.class_of_id:
+                kinds.setdefault(self.egraph.class_of_id[i], set()).add(term.ctor)
+        return kinds
 
     def _as_it_runs(self) -> contextlib.AbstractContextManager[None]:
         """The autocast in force turned off: the translated graph has its casts written out
