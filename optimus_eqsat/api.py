@@ -108,12 +108,12 @@ def optimize_graph(
     except DeclinedGraph as exc:  # declined, not failed: the graph is returned as it is
         log.info("optimus_eqsat: graph declined: %s", exc)
         report.fall_back(f"declined: {exc}")
-        result = copy_module(gm)
+        result = copy_module(gm, lazy=True)
     except TimeLimitReached as exc:  # the budget ran out before there was a program: the original
         log.info("optimus_eqsat: %s", exc)
         report.fall_back(f"{exc}; kept the original")
         report.stop_reason = StopReason.TIME_LIMIT.value
-        result = copy_module(gm)
+        result = copy_module(gm, lazy=True)
         key = None  # (not stored: a restart falls back as fast, and storing a large graph takes seconds)
     except BaseException as exc:  # (a panic in egglog's Rust code is a BaseException)
         if not isinstance(exc, Exception) and not is_rust_panic(exc):
@@ -124,7 +124,7 @@ def optimize_graph(
             raise OptimizationError(f"optimus_eqsat failed: {exc}") from exc
         log.warning("optimus_eqsat: returning the original graph: %s: %s", type(exc).__name__, exc)
         report.fall_back(f"{type(exc).__name__}: {exc}")
-        result = copy_module(gm)
+        result = copy_module(gm, lazy=True)
     report.nodes_after = op_count(result)
     result.meta["optimus_eqsat"] = report
     keep_unread_state(gm, result)

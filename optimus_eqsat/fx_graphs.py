@@ -7,6 +7,7 @@ import types
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 _OPS = ("call_function", "call_method", "call_module")
 
@@ -52,14 +53,17 @@ def carry_dynamo_attributes(source: torch.fx.GraphModule, target: torch.fx.Graph
     return target
 
 
-def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def copy_module(gm: torch.fx.GraphModule, lazy: bool = False) -> torch.fx.GraphModule:
     """A new GraphModule with a copy of ``gm``'s graph and what Dynamo attached to it (the
-    fallback result: the input is never returned)."""
+    fallback result: the input is never returned). ``lazy`` defers generating its Python code
+    to the first call or ``.code`` (torch's ``_LazyGraphModule``): a fallback that must return
+    within its time limit skips the 3 s that code takes at 100,000 nodes."""
     graph = torch.fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
     graph._codegen = gm.graph._codegen
-    return carry_dynamo_attributes(gm, torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__))
+    cls = _LazyGraphModule if lazy else torch.fx.GraphModule
+    return carry_dynamo_attributes(gm, cls(gm, graph, class_name=type(gm).__name__))
 
 
 def keep_unread_state(source: torch.fx.GraphModule, target: torch.fx.GraphModule) -> torch.fx.GraphModule:
