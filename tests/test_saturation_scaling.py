@@ -124,6 +124,32 @@ def test_time_limit_stops_saturation_inside_a_step(monkeypatch):
     assert session.saturate(saturate.Limits()).enodes == whole.enodes  # a cut step leaves a sound e-graph
 
 
+def test_a_round_forecast_to_end_past_the_deadline_is_not_started():
+    # One egglog call cannot be interrupted (a round of an analysis on 625,000 e-nodes took
+    # 31 s and ran 34 s past the budget): a rule set whose last round, grown with the fourth
+    # power of the e-graph's growth since, would end past the deadline is not run, and the
+    # step is cut there.
+    import time
+    from collections import Counter
+
+    from optimus_eqsat.saturate import _Step
+
+    session = _session("swap_halves_chain", 200)
+    enodes = session.enode_count()
+    session.round_costs["splitcat"] = (0.5, enodes // 2)  # 0.5 s at half the size: 8 s now
+    step = _Step(session, time.perf_counter() + 6.0, Counter())
+    step.run([], ["splitcat"])
+    assert step.stopped and not step.matches and not step.updated
+    assert _Step(session, 0.0, Counter())._forecast("splitcat", 2) == (pytest.approx(16.0, rel=0.02), enodes)
+    # a round measured before the first iteration ended (e-nodes not counted yet) is not
+    # scaled: 1.5 s fit in 4, and the round runs
+    session.round_costs["splitcat"] = (1.5, 0)
+    step = _Step(session, time.perf_counter() + 4.0, Counter())
+    step.run([], ["splitcat"])
+    assert not step.stopped and step.updated and sum(step.matches.values()) > 0
+    assert session.round_costs["splitcat"][1] == enodes
+
+
 def test_deadline_bounds_saturation_before_it_starts():
     import time
 
