@@ -40,7 +40,7 @@ from optimus_eqsat.module_calls import functional_module_calls, guard_written_ou
 from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
 from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
-from optimus_eqsat.own_outputs import contiguous_outputs, own_sliced_outputs
+from optimus_eqsat.own_outputs import contiguous_outputs, input_views_as_written, own_sliced_outputs
 from optimus_eqsat.program_cache import load_program, program_key, store_program
 from optimus_eqsat.rebuild import RebuildCycle, propagate_meta, rebuild
 from optimus_eqsat.refine_run import refine_run
@@ -446,7 +446,8 @@ class OptimizationRun:
             report.launches_after, report.cost_after = report.launches_before, report.cost_before
             return copy_module(gm)
         # (before the copies below, which are contiguous)
-        rewritten = contiguous_outputs(gm, result, self.example_inputs)
+        rewritten = input_views_as_written(gm, result)
+        rewritten += contiguous_outputs(gm, result, self.example_inputs)
         if self.objective.mode == "training":  # (the source's detaches say what no-grad regions read)
             kept = keep_gradient_inputs(self.source, result, self.example_inputs)
             rewritten += keep_gradient_absences(self.source, result, self.example_inputs)

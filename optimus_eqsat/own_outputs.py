@@ -12,6 +12,15 @@ mmoe 1.08 -> 1.05, ple 1.26 -> 1.21, dynamic_schema 0.94 -> 0.93 with the output
 copied out. A copy inside the graph costs one small kernel and its backward is fused
 into the compiled backward, so such outputs are copied (``torch.clone``) in training.
 Views of inputs are left alone (they alias memory the caller owns, not ours).
+
+The reverse also holds: an output the original returned as a view of an input (a piece of
+a split, a transpose, ...) is returned as that same view of that input
+(:func:`input_views_as_written`), where the optimized program computes its values
+otherwise (``reshape`` of a ``permute`` copies). The caller, or the next graph piece under
+Dynamo, sees the aliasing eager gave; and AOTAutograd (torch 2.13) replays several views of
+one intermediate from view metadata it has freed (a random shape, or a crash, at the
+forward's end: found by the compiled fuzzer on a graph cut by a graph break), where views
+of an input take another, sound, path.
 """
 
 from __future__ import annotations
@@ -25,11 +34,11 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.shape_prop import TensorMetadata
 
-from optimus_eqsat.fxvocab import ALIASING_OPS, canonical_name
+from optimus_eqsat.fxvocab import ALIASING_OPS, VIEW_OPS, canonical_name
 from optimus_eqsat.fxvocab.meta import ExampleInputError, meta_value, record_shapes
 from optimus_eqsat.keep_gradients import graph_outputs
 
-__all__ = ["contiguous_outputs", "own_sliced_outputs"]
+__all__ = ["contiguous_outputs", "input_views_as_written", "own_sliced_outputs"]
 
 #: Ops whose result is a slice of their first argument.
 SLICING_OPS = frozenset({"narrow", "slice", "select"})
@@ -50,6 +59,70 @@ def own_sliced_outputs(original: fx.GraphModule, optimized: fx.GraphModule) -> l
         new for old, new in zip(before, after) if new is not None and _slices_an_intermediate(new) and not _is_view(old)
     ]
     return _replace_outputs(optimized, chosen, _clone)
+
+
+def input_views_as_written(original: fx.GraphModule, optimized: fx.GraphModule) -> list[str]:
+    """Return, at each output position where ``original`` returned a view of one of its
+    inputs, that chain of views of the same input of ``optimized`` where its own output is no
+    view of that input (:mod:`this module <optimus_eqsat.own_outputs>`). Views launch
+    nothing. Returns the names of the outputs replaced."""
+    before, after = graph_outputs(original), graph_outputs(optimized)
+    if len(before) != len(after):
+        return []
+    inputs = {node.target: node for node in optimized.graph.find_nodes(op="placeholder")}
+    chains: dict[fx.Node, list[fx.Node]] = {}
+    for old, new in zip(before, after):
+        chain = _input_view_chain(old)
+        if new is None or not chain or chain[0].target not in inputs:
+            continue
+        mine = _input_view_chain(new, copying=_MAY_COPY)
+        if mine and mine[0].target == chain[0].target:
+            continue  # a view of the same input already
+        if chains.setdefault(new, chain) is not chain:  # (one node at two positions, two chains)
+            chains[new] = []
+    chosen = [node for node, chain in chains.items() if chain]
+
+    def rewrite(graph: fx.Graph, node: fx.Node) -> fx.Node:
+        chain = chains[node]
+        env = {chain[0]: inputs[chain[0].target]}
+        for view in chain[1:]:
+            env[view] = graph.node_copy(view, lambda a: env[a])
+        return env[chain[-1]]
+
+    return _replace_outputs(optimized, chosen, rewrite)
+
+
+# Ops that return a view only when the layout allows (a reshape of a permute copies).
+_MAY_COPY = frozenset({"reshape", "reshape_as", "flatten", "unflatten", "contiguous", "_unsafe_view"})
+
+
+def _input_view_chain(node: fx.Node | None, copying: frozenset[str] = frozenset()) -> list[fx.Node]:
+    """The nodes from a placeholder to ``node`` when ``node`` is a view of that placeholder
+    through view ops (but those named in ``copying``) and pieces of splits, each reading
+    nothing else of the graph (the placeholder first); empty otherwise."""
+    chain: list[fx.Node] = []
+    while node is not None and node.op in ("call_function", "call_method") and node.args:
+        is_piece = node.op == "call_function" and node.target is operator.getitem
+        name = canonical_name(node) if not is_piece else ""
+        if is_piece:
+            base = node.args[0]
+            if not (
+                isinstance(base, fx.Node)
+                and base.op in ("call_function", "call_method")
+                and canonical_name(base) in SPLITTING_OPS
+            ) and not _tensor_index(node.args[1] if len(node.args) > 1 else None):
+                return []
+        elif name in copying or (name not in VIEW_OPS and name not in SLICING_OPS and name not in SPLITTING_OPS):
+            return []
+        source = node.args[0]
+        reads = [a for a in node.all_input_nodes if a is not source]
+        if reads or not isinstance(source, fx.Node):
+            return []  # (a size read from the graph, an index tensor: not a plain view)
+        chain.append(node)
+        node = source
+    if node is None or node.op != "placeholder":
+        return []
+    return [node, *reversed(chain)]
 
 
 def contiguous_outputs(

@@ -6,7 +6,7 @@ import torch
 import torch.fx as fx
 
 from optimus_eqsat import optimize_graph
-from optimus_eqsat.own_outputs import own_sliced_outputs
+from optimus_eqsat.own_outputs import input_views_as_written, own_sliced_outputs
 
 
 def _trace(fn) -> fx.GraphModule:
@@ -139,3 +139,29 @@ def test_shape_prop_meta_copied_onto_a_rewritten_output_is_not_read_for_its_layo
         assert len(contiguous_outputs(original, optimized, example_inputs)) == 1
         assert optimized(x).is_contiguous()
         torch.testing.assert_close(optimized(x), original(x))
+
+
+def test_an_output_the_original_returned_as_a_view_of_an_input_stays_one():
+    # The original hands on a piece of a transposed input (a graph cut by a graph break passes
+    # it to the next piece); a rewrite computing the same values as a reshape of a permute
+    # copies, so the output no longer aliases the input. The original's views come back.
+    def original(x):
+        piece = x.transpose(-2, 1).unbind(0)[1].split(2, dim=2)[0]
+        return piece.abs().sum(), piece, piece[:, :, 1:2]
+
+    def optimized(x):
+        rows = torch.reshape(torch.permute(x, [0, 2, 1, 3]), [6, 3, 4])
+        piece = torch.narrow(torch.narrow(rows, 0, 3, 3), 2, 0, 2)
+        return piece.abs().sum(), piece, torch.narrow(piece, 2, 1, 1)
+
+    before, after = _trace(original), _trace(optimized)
+    x = torch.randn(2, 3, 3, 4)
+    for got, want in zip(after(x), before(x)):
+        torch.testing.assert_close(got, want)
+    assert not any(o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for o in after(x)[1:])
+    assert len(input_views_as_written(before, after)) == 2
+    outs = after(x)
+    for got, want in zip(outs, before(x)):
+        torch.testing.assert_close(got, want)
+    assert all(o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for o in outs[1:])
+    assert input_views_as_written(before, after) == []  # views of that input already: left alone
