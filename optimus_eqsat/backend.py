@@ -34,6 +34,7 @@ from optimus_eqsat.guard import MEMORY_SLACK, Deferred, FirstCallChoice, GuardRe
 from optimus_eqsat.inductor_compat import (
     backwards_lowered_with_forwards,
     first_line,
+    install_donation_alias_fix,
     install_inplace_alias_fix,
     install_sparse_gradient_fix,
     is_dynamo_signal,
@@ -642,6 +643,7 @@ def _compile_scope(inductor_config: Mapping[str, Any], eager_backwards: bool) ->
     # (no result written over a cat's piece: inductor_compat; here, not when a backend is made,
     # which the import of this module does and a warm process should not pay Inductor's codegen for)
     install_inplace_alias_fix()
+    install_donation_alias_fix()  # (no saved buffer that an output shares donated: inductor_compat)
     with contextlib.ExitStack() as patches:
         if inductor_config:
             patches.enter_context(config.patch(dict(inductor_config)))

@@ -36,6 +36,17 @@ the backend needs under DDP) is compiled donating, and every later
 where Inductor alone runs it (multi-task gradients under DDP). Such backwards are
 compiled without donated buffers (:func:`backwards_lowered_with_forwards`).
 
+Donated buffers that are outputs. AOTAutograd (torch 2.13) lets a backward write over
+("donate") a buffer its forward saved when that buffer's fake tensor shares no storage with
+a forward output. Inductor then lowers a one-tensor ``cat`` or ``stack`` to a view of its
+input, and AOTAutograd misses some views too (an ``unsqueeze`` of a ``split`` piece): a
+forward output then lives in a saved buffer the backward overwrites, and a caller reading
+the output after ``backward()`` (a metric logged after the step) reads the backward's values,
+with Inductor alone too (found by the compiled fuzzer: one output 24 off). The donated list
+leaves out :func:`install_donation_alias_fix` every saved tensor whose storage a forward
+output may share: the same root through view ops, ``getitem`` of split pieces and one-tensor
+``cat`` or ``stack`` in the forward graph.
+
 Sparse gradients. An embedding with ``sparse=True`` has a sparse gradient, a tensor
 without storage. After a pass edits a backward graph, Inductor (torch 2.13,
 ``FakeTensorUpdater.incremental_update``) re-propagates the fake tensors downstream of
@@ -63,6 +74,7 @@ __all__ = [
     "split_attention_key_permutes",
     "is_dynamo_signal",
     "first_line",
+    "install_donation_alias_fix",
     "install_inplace_alias_fix",
     "install_sparse_gradient_fix",
     "wrap_once",
@@ -144,6 +156,54 @@ def install_inplace_alias_fix() -> bool:
         return can_reuse_unaliased
 
     return wrap_once(PythonWrapperCodegen, "can_reuse", wrap)
+
+
+def install_donation_alias_fix() -> bool:
+    """Keep every saved tensor that may share storage with a forward output out of the
+    backward's donated buffers (see the module docstring), once per process; False where this
+    torch does not donate. Installed for the process: a backward compiled lazily is compiled
+    outside our compiles."""
+    try:
+        from torch._functorch._aot_autograd import graph_compile
+    except ImportError:
+        return False
+
+    def wrap(collect: Callable[..., list[int]]) -> Callable[..., list[int]]:
+        def collect_unaliased(fw_module: torch.fx.GraphModule, bw_module: Any, fw_metadata: Any) -> list[int]:
+            donated = collect(fw_module, bw_module, fw_metadata)
+            if not donated:
+                return donated
+            outputs = list(next(reversed(fw_module.graph.find_nodes(op="output"))).args[0])
+            shared = {_storage_root(n) for n in outputs[: fw_metadata.num_forward] if isinstance(n, torch.fx.Node)}
+            saved = outputs[fw_metadata.tensors_saved_for_backwards_slice]
+            first = fw_metadata.num_symints_saved_for_bw  # (donated indices count the saved symints first)
+            return [i for i in donated if _storage_root(saved[i - first]) not in shared]
+
+        return collect_unaliased
+
+    return wrap_once(graph_compile, "collect_bw_donated_buffer_idxs", wrap)
+
+
+# Ops Inductor may lower to a view of their input though they are not views in ATen's schema.
+_VIEWS_ONCE_LOWERED = {"aten._unsafe_view.default", "aten.reshape.default"}
+
+
+def _storage_root(node: Any) -> Any:
+    """The node whose storage ``node`` may share once lowered: followed through view ops,
+    ``getitem`` of their list results and one-tensor ``cat`` / ``stack``."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args:
+        target, source = node.target, node.args[0]
+        if target is operator.getitem:
+            node = source
+        elif isinstance(target, torch._ops.OpOverload) and (target.is_view or str(target) in _VIEWS_ONCE_LOWERED):
+            node = source
+        elif str(target) in ("aten.cat.default", "aten.stack.default") and isinstance(source, (list, tuple)):
+            if len(source) != 1:
+                break
+            node = source[0]
+        else:
+            break
+    return node
 
 
 def _is_piece(buffer: Any) -> bool:
