@@ -42,10 +42,13 @@ a forward output. Inductor then lowers a one-tensor ``cat`` or ``stack`` to a vi
 input, and AOTAutograd misses some views too (an ``unsqueeze`` of a ``split`` piece): a
 forward output then lives in a saved buffer the backward overwrites, and a caller reading
 the output after ``backward()`` (a metric logged after the step) reads the backward's values,
-with Inductor alone too (found by the compiled fuzzer: one output 24 off). The donated list
-leaves out :func:`install_donation_alias_fix` every saved tensor whose storage a forward
-output may share: the same root through view ops, ``getitem`` of split pieces and one-tensor
-``cat`` or ``stack`` in the forward graph.
+with Inductor alone too (found by the compiled fuzzer: one output 24 off). Two saved
+tensors that are views of one buffer are both donated too, and the backward may write over
+one while the other is still to be read (a weight gradient 1.3 off, once our post-grad pass
+had moved its matmul after that write). The donated list leaves out
+(:func:`install_donation_alias_fix`) every saved tensor whose storage a forward output or
+another saved tensor may share: the same root through view ops, ``getitem`` of split pieces
+and one-tensor ``cat`` or ``stack`` in the forward graph.
 
 Sparse gradients. An embedding with ``sparse=True`` has a sparse gradient, a tensor
 without storage. After a pass edits a backward graph, Inductor (torch 2.13,
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 from unittest import mock
@@ -176,6 +180,8 @@ def install_donation_alias_fix() -> bool:
             outputs = list(next(reversed(fw_module.graph.find_nodes(op="output"))).args[0])
             shared = {_storage_root(n) for n in outputs[: fw_metadata.num_forward] if isinstance(n, torch.fx.Node)}
             saved = outputs[fw_metadata.tensors_saved_for_backwards_slice]
+            roots = Counter(_storage_root(n) for n in saved)
+            shared |= {root for root, n in roots.items() if n > 1}  # (two saved views of one buffer)
             first = fw_metadata.num_symints_saved_for_bw  # (donated indices count the saved symints first)
             return [i for i in donated if _storage_root(saved[i - first]) not in shared]
 
