@@ -100,12 +100,15 @@ _CASES = [
     # metadata (a random shape, 3 runs in 4)
     ("train", 27),
     # a forward output Inductor lowers to a view of a buffer the backward was given to write
-    # over ("donated"): the output read after backward() held the backward's values
+    # over ("donated"): the output read after backward() held the backward's values, with
+    # Inductor alone too (so whether our passes rewrite it, which varies, does not matter)
     ("opaque", 70),
     # two saved tensors viewing one buffer, both donated: the backward wrote over one before
     # a matmul our post-grad pass had moved to its end read the other (a weight's gradient)
     ("inplace", 78),
 ]
+# Inductor's own bugs our backend keeps users clear of: checked whether or not our passes rewrite
+_INDUCTOR_ALONE_TOO = {("opaque", 70)}
 
 
 @pytest.mark.parametrize("flavour,seed", _CASES, ids=[f"{f}-{s}" for f, s in _CASES])
@@ -118,7 +121,10 @@ def test_compiled_program_matches_eager(flavour: str, seed: int) -> None:
         g, dynamic = compiled_case(flavour, seed)
         raise AssertionError(f"[{flavour}-{seed}] {g.description} (dynamic batch: {dynamic})\n{g.gm.code}") from e
     reports = backend.reports + [report for _, report in backend.post_grad_reports]
-    assert any(r.changed for r in reports), "our passes rewrote nothing: the case tests Inductor alone"
+    rewrote = any(r.changed for r in reports)
+    assert rewrote or (flavour, seed) in _INDUCTOR_ALONE_TOO, (
+        "our passes rewrote nothing: the case tests Inductor alone"
+    )
 
 
 def test_the_compiled_check_catches_a_backend_that_computes_something_else() -> None:
