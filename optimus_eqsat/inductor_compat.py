@@ -163,8 +163,9 @@ def install_inplace_alias_fix() -> bool:
 
 
 def install_donation_alias_fix() -> bool:
-    """Keep every saved tensor that may share storage with a forward output out of the
-    backward's donated buffers (see the module docstring), once per process; False where this
+    """Keep every saved tensor that may share storage with a forward output or with another
+    saved tensor out of the backward's donated buffers (see the module docstring), once per
+    process; False where this
     torch does not donate. Installed for the process: a backward compiled lazily is compiled
     outside our compiles."""
     try:
