@@ -37,7 +37,18 @@ DEADLINE_S = 480
 # and gates, the last level's shared gate computed and unused) under DDP with
 # find_unused_parameters=True, against eager DDP: batch statistics are per rank there, and the
 # unused gate must stay without gradients for DDP to find it.
-DISTRIBUTED_CASES = ("ddp", "ddp_small_buckets", "ddp_task_losses", "ddp_library_ple", "fsdp2", "fsdp2_per_module")
+# ddp_accumulate: gradient accumulation as trainers write it, two micro-batches a step, the
+# first's backward under no_sync() (its gradients stay local; static_graph=True refuses that
+# on its first step, in eager too).
+DISTRIBUTED_CASES = (
+    "ddp",
+    "ddp_small_buckets",
+    "ddp_task_losses",
+    "ddp_accumulate",
+    "ddp_library_ple",
+    "fsdp2",
+    "fsdp2_per_module",
+)
 LOCAL_CASES = ("compiled_autograd", "checkpoint")  # one on each rank, after the distributed ones
 # Under pytest-xdist (.ci/run), every test here runs on one worker: the spawn (a module fixture) once.
 pytestmark = pytest.mark.xdist_group("distributed")
@@ -66,12 +77,24 @@ def _batches(world: int) -> list[torch.Tensor]:
     return [torch.randn(world * BATCH, WIDTH, generator=generator) for _ in range(STEPS)]
 
 
-def _train(model: nn.Module, step_model, batches: list[torch.Tensor], shard, task_losses: bool = False) -> None:
+def _train(
+    model: nn.Module, step_model, batches: list[torch.Tensor], shard, task_losses: bool = False, no_sync=None
+) -> None:
     """``STEPS`` SGD steps of ``step_model`` (a compiled or wrapped ``model``) on ``shard(batch)``;
     ``task_losses``: the first task's gradients taken with ``retain_graph=True`` before the
-    backward of both tasks' losses (as GradNorm-style multi-task trainers do to weigh them)."""
+    backward of both tasks' losses (as GradNorm-style multi-task trainers do to weigh them);
+    ``no_sync`` (DDP's): the shard in two micro-batches, the first's backward under it, each
+    loss halved (the gradients of the whole shard's mean)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     for batch in batches:
+        if no_sync is not None:
+            first, second = shard(batch).chunk(2)
+            with no_sync():
+                (step_model(first).square().mean() / 2).backward()
+            (step_model(second).square().mean() / 2).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            continue
         out = step_model(shard(batch))
         if task_losses:
             first, second = (half.square().mean() for half in out.chunk(2, dim=1))
@@ -172,10 +195,12 @@ def _run_case(case: str, rank: int, world: int) -> dict:
         if small:
             dist._DEFAULT_FIRST_BUCKET_BYTES = 4096
         try:
+            accumulate = case == "ddp_accumulate"
             wrapped = DDP(model, bucket_cap_mb=4096 / 2**20 if small else 25)
             compiled = torch.compile(wrapped, backend="optimus_eqsat")
             reports = len(_DEFAULT.reports)
-            _train(model, compiled, batches, lambda batch: batch.chunk(world)[rank], task_losses)
+            shard = lambda batch: batch.chunk(world)[rank]  # noqa: E731
+            _train(model, compiled, batches, shard, task_losses, wrapped.no_sync if accumulate else None)
         finally:
             dist._DEFAULT_FIRST_BUCKET_BYTES = first
     else:
