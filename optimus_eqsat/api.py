@@ -46,7 +46,7 @@ from optimus_eqsat.rebuild import RebuildCycle, propagate_meta, rebuild
 from optimus_eqsat.refine_run import refine_run
 from optimus_eqsat.report import OptimizeReport
 from optimus_eqsat.rewrites import batching as _batching  # noqa: F401  (registers rewrites.batching)
-from optimus_eqsat.run_support import gc_paused, phase
+from optimus_eqsat.run_support import gc_paused, phase, saved_tensor_hooks_held_off
 from optimus_eqsat.saturate import EGraphSession, Limits, StopReason, TimeLimitReached
 from optimus_eqsat.term import VIEW_CTORS
 from optimus_eqsat.translate import translate
@@ -98,7 +98,7 @@ def optimize_graph(
     report = OptimizeReport(nodes_before=op_count(gm))
     wants_meta = None  # whether the run propagated fake-tensor meta (known once it ran)
     try:
-        with gc_paused():
+        with gc_paused(), saved_tensor_hooks_held_off():
             decline_gradient_hooks(gm)
             run = OptimizationRun(gm, example_inputs, opts, report)
             result = run.optimize()

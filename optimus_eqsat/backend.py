@@ -50,6 +50,7 @@ from optimus_eqsat.parameter_cache import (
 )
 from optimus_eqsat.program_cache import StoredDecision, decision_key, load_decision, program_key, store_decision
 from optimus_eqsat.report import OptimizeReport
+from optimus_eqsat.run_support import saved_tensor_hooks_held_off
 
 log = logging.getLogger("optimus_eqsat")
 
@@ -645,6 +646,7 @@ def _compile_scope(inductor_config: Mapping[str, Any], eager_backwards: bool) ->
     install_inplace_alias_fix()
     install_donation_alias_fix()  # (no saved buffer that an output shares donated: inductor_compat)
     with contextlib.ExitStack() as patches:
+        patches.enter_context(saved_tensor_hooks_held_off())  # (a compile inside checkpoint())
         if inductor_config:
             patches.enter_context(config.patch(dict(inductor_config)))
         if eager_backwards:

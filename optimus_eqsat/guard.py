@@ -34,7 +34,8 @@ crash or stall the user's step there:
   autograd off;
 - where timing cannot be done safely at all (:func:`unsafe_to_time`: collective ops,
   whose rounds every rank must run alike; tensor-subclass inputs such as DTensor;
-  list inputs a program consumes, as compiled autograd's; a call inside a backward):
+  list inputs a program consumes, as compiled autograd's; a call inside a backward, or
+  under saved-tensor hooks, as a compiled module called inside ``checkpoint()`` is):
   nothing is timed and the optimizer's prediction decides (the candidate exists only
   where it predicted a gain), which the result says.
 """
@@ -206,6 +207,10 @@ def unsafe_to_time(gm: torch.fx.GraphModule, args: Sequence[Any]) -> str:
         return "tensor-subclass inputs (DTensor)"
     if torch._C._current_graph_task_id() != -1:
         return "called inside a backward"
+    if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        # (a compiled module called inside checkpoint(): the timed backward would unpack
+        # through the user's hooks and recompute the user's region, calling this program again)
+        return "saved-tensor hooks are active (activation checkpointing or offloading around the call)"
     if has_collectives(gm):
         return "the graph calls collective ops, which every rank must run alike"
     if torch.autograd._profiler_enabled():
@@ -521,14 +526,23 @@ class FirstCallChoice:
         self.chosen: Program | None = None
         self.layout: list[Any] | None = None  # what a call at compile time returned
         self._deciding = threading.Lock()
+        self._decider: int | None = None  # the thread deciding, while it does
 
     def __call__(self, *args: Any) -> Any:
         if self.chosen is None:
             if compile_time_call(args):
                 return self._undecided(args)
+            if self._decider == threading.get_ident():
+                # called again from within its own measurement (a hook of the user's the timed
+                # step reached): the candidate runs, as at compile time; waiting would deadlock
+                return self.programs[self.candidate](*args)
             with self._deciding:  # threads serving one model: the first decides, the rest wait
                 if self.chosen is None:
-                    self.chosen = self.programs[self._decide(args)]
+                    self._decider = threading.get_ident()
+                    try:
+                        self.chosen = self.programs[self._decide(args)]
+                    finally:
+                        self._decider = None
                     self.programs = {}  # the program not kept can be freed
         return self.chosen(*args)
 

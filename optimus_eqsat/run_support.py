@@ -1,5 +1,5 @@
-"""What wraps one optimization run: phase timing into the report, the GC pause, and one torch
-thread for work on tiny tensors."""
+"""What wraps one optimization run: phase timing into the report, the GC pause, one torch
+thread for work on tiny tensors, and the user's saved-tensor hooks held off."""
 
 from __future__ import annotations
 
@@ -42,6 +42,26 @@ def gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextmanager
+def saved_tensor_hooks_held_off() -> Iterator[None]:
+    """The user's saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``) not run by
+    the ops of this block, as AOTAutograd holds them off while it traces.
+
+    A module compiled on its own and called inside ``torch.utils.checkpoint`` compiles inside
+    the checkpoint's hooks: every fake tensor our passes saved for a backward (meta propagation
+    runs ops with grad on) was counted as saved by the user's forward, and the recomputation in
+    the backward, which saves only the program's own, failed checkpoint's count check."""
+    set_tracing = getattr(torch._C._autograd, "_saved_tensors_hooks_set_tracing", None)
+    if set_tracing is None:  # (a torch without the switch)
+        yield
+        return
+    prior = set_tracing(True)
+    try:
+        yield
+    finally:
+        set_tracing(prior)
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 
 import pytest
@@ -417,7 +418,7 @@ def test_training_is_timed_on_detached_inputs_so_no_hook_of_the_user_fires():
     assert result.rounds > 0 and not fired and w.grad is None and x.grad is None
 
 
-@pytest.mark.parametrize("case", ["collective", "list", "subclass", "profiler"])
+@pytest.mark.parametrize("case", ["collective", "list", "subclass", "profiler", "saved_tensor_hooks"])
 def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case):
     import optimus_eqsat.guard as guard_module
     from optimus_eqsat.guard import has_collectives, unsafe_to_time
@@ -446,6 +447,8 @@ def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case)
         gm = torch.fx.symbolic_trace(lambda x: x + 1)
         args = [torch.ones(2)]
     profiling = torch.profiler.profile() if case == "profiler" else contextlib.nullcontext()
+    if case == "saved_tensor_hooks":  # checkpoint()'s or offloading's around the call
+        profiling = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
     results = []
     choice = FirstCallChoice({"original": Deferred(lambda: gm), "optimized": lambda *a: "ran"}, gm, 0.0, results.append)
     with profiling:
@@ -454,6 +457,74 @@ def test_where_timing_is_unsafe_the_candidate_is_kept_untimed(monkeypatch, case)
     assert results[0].kept == "optimized" and results[0].rounds == 0
     assert results[0].summary().startswith("not timed: cannot time here")
     assert not has_collectives(torch.fx.symbolic_trace(lambda x: x + 1))
+
+
+def _within(seconds: float, run) -> None:
+    """Run ``run`` on a thread; fail (not hang) when it has not returned after ``seconds``."""
+    import threading
+
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s (a deadlock)"
+    if failure:
+        raise failure[0]
+
+
+def test_a_call_from_within_its_own_measurement_runs_the_candidate_instead_of_waiting():
+    """A hook of the user's the timed step reaches (a checkpoint's recomputation did) may call the
+    program again while it decides: the decision's lock is held by that same thread."""
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    nested: list = []
+
+    def candidate(x: torch.Tensor) -> torch.Tensor:
+        if choice.chosen is None and not nested:
+            nested.append("entered")
+            nested.append(choice(x))  # (re-entered once, from the measurement's step)
+        return x + 1
+
+    choice = FirstCallChoice({"original": lambda x: x + 1, "optimized": candidate}, gm, 0.0, lambda r: None)
+    _within(60, lambda: choice(torch.ones(2)))
+    assert choice.chosen is not None and torch.equal(nested[1], torch.full((2,), 2.0))
+
+
+def test_a_module_compiled_alone_trains_inside_checkpoint_as_eager():
+    """Regional compilation under activation checkpointing (each block compiled, the blocks
+    checkpointed): the compile ran inside checkpoint()'s saved-tensor hooks, which counted the
+    fake tensors our passes saved (the recomputation then failed checkpoint's check), and the
+    measurement's backward recomputed the region, calling the program it was deciding (a
+    deadlock). The default backend now trains it as eager does."""
+    from torch.utils.checkpoint import checkpoint
+
+    from tests.library_style import RechubMLP
+
+    torch.manual_seed(0)
+    block = RechubMLP(8, output_layer=False, dims=[32, 16])  # (an expert of rechub's MMOE)
+    reference = copy.deepcopy(block)
+    compiled = copy.deepcopy(block)
+    compiled.compile(backend="optimus_eqsat")
+    x = torch.randn(16, 8, requires_grad=True)
+    torch._dynamo.reset()
+
+    def steps() -> None:
+        for model in (compiled, reference):
+            checkpoint(model, x, use_reentrant=False).square().sum().backward()
+
+    try:
+        _within(240, steps)
+    finally:
+        torch._dynamo.reset()
+    scale = max(p.grad.abs().max().item() for p in reference.parameters())
+    for got, want in zip(compiled.parameters(), reference.parameters()):  # (float noise a batch norm scales)
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5 * scale)
 
 
 def test_a_program_laid_out_otherwise_than_the_fake_call_returned_is_not_kept():
