@@ -272,19 +272,78 @@ class _Logits(torch.nn.Module):
         return self.model(input_ids=ids, attention_mask=mask).logits
 
 
+class _LastHidden(torch.nn.Module):
+    """A transformers encoder without a head: token ids and an attention mask in, the last
+    hidden state out."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
 def _transformers_builders() -> dict[str, Callable[[int], Case]]:
-    """Tiny configurations of Hugging Face transformers' own models: an encoder, a decoder and
-    two mixtures of experts (Mixtral's routed experts; Qwen2-MoE's, plus a shared expert),
-    sequences of 16 tokens, dropout off (eager and compiled draw different masks)."""
+    """Tiny configurations of Hugging Face transformers' own models: encoders (BERT, RoBERTa,
+    DistilBERT, ALBERT, DeBERTa-v2), decoders (GPT-2, GPT-NeoX, Llama, Mistral, Gemma, Phi) and
+    mixtures of experts (Mixtral's and OLMoE's routed experts; Qwen2-MoE's, plus a shared
+    expert; Switch Transformers' top-1 router), sequences of 16 tokens, dropout off (eager and
+    compiled draw different masks)."""
     import transformers as hf
 
     vocab, seq = 100, 16
     small = {"vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
-    moe = {**small, "num_key_value_heads": 1, "max_position_embeddings": 64, "num_experts_per_tok": 2}
-    configs = {
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    decoder = {**small, "num_key_value_heads": 1, "max_position_embeddings": 64}
+    moe = {**decoder, "num_experts_per_tok": 2}
+    configs: dict[str, Callable[[], torch.nn.Module]] = {
         "hf.Bert": lambda: hf.BertForSequenceClassification(
-            hf.BertConfig(
-                **small, intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3
+            hf.BertConfig(**small, intermediate_size=64, **no_dropout, num_labels=3)
+        ),
+        "hf.Roberta": lambda: hf.RobertaForSequenceClassification(
+            hf.RobertaConfig(**small, intermediate_size=64, **no_dropout, max_position_embeddings=64)
+        ),
+        "hf.DistilBert": lambda: hf.DistilBertForSequenceClassification(
+            hf.DistilBertConfig(
+                vocab_size=vocab,
+                dim=32,
+                n_layers=2,
+                n_heads=2,
+                hidden_dim=64,
+                dropout=0.0,
+                attention_dropout=0.0,
+                seq_classif_dropout=0.0,
+            )
+        ),
+        "hf.Albert": lambda: hf.AlbertForSequenceClassification(
+            hf.AlbertConfig(**small, embedding_size=16, intermediate_size=64, **no_dropout, classifier_dropout_prob=0.0)
+        ),
+        "hf.DebertaV2": lambda: hf.DebertaV2ForSequenceClassification(
+            hf.DebertaV2Config(**small, intermediate_size=64, **no_dropout, max_position_embeddings=64)
+        ),
+        "hf.GPTNeoX": lambda: hf.GPTNeoXForCausalLM(
+            hf.GPTNeoXConfig(**small, intermediate_size=64, max_position_embeddings=64)
+        ),
+        "hf.Llama": lambda: hf.LlamaForCausalLM(hf.LlamaConfig(**decoder, intermediate_size=48)),
+        "hf.Mistral": lambda: hf.MistralForCausalLM(hf.MistralConfig(**decoder, intermediate_size=48)),
+        "hf.Gemma": lambda: hf.GemmaForCausalLM(hf.GemmaConfig(**decoder, intermediate_size=48, head_dim=16)),
+        "hf.Phi": lambda: hf.PhiForCausalLM(
+            hf.PhiConfig(**decoder, intermediate_size=48, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
+        ),
+        "hf.OLMoE": lambda: hf.OlmoeForCausalLM(hf.OlmoeConfig(**moe, intermediate_size=48, num_experts=4)),
+        "hf.Switch": lambda: _LastHidden(
+            hf.SwitchTransformersEncoderModel(
+                hf.SwitchTransformersConfig(
+                    vocab_size=vocab,
+                    d_model=32,
+                    d_kv=16,
+                    d_ff=64,
+                    num_layers=2,
+                    num_heads=2,
+                    num_experts=4,
+                    dropout_rate=0.0,
+                )
             )
         ),
         "hf.GPT2": lambda: hf.GPT2LMHeadModel(
@@ -303,7 +362,8 @@ def _transformers_builders() -> dict[str, Callable[[int], Case]]:
     def case(make: Callable[[], torch.nn.Module]) -> Callable[[int], Case]:
         def build(batch: int) -> Case:
             ids = torch.randint(0, vocab, (batch, seq))
-            return _Logits(make()), (ids, torch.ones_like(ids))
+            model = make()
+            return (model if isinstance(model, _LastHidden) else _Logits(model)), (ids, torch.ones_like(ids))
 
         return build
 
