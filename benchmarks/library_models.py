@@ -260,28 +260,17 @@ def _fuxictr_builders() -> dict[str, Callable[[int], Case]]:
     return {**{f"fuxictr.{name}": case(make) for name, make in models.items()}, "fuxictr.DIN": case(DIN, True)}
 
 
-class _Logits(torch.nn.Module):
-    """A transformers model as a training loop calls it: token ids and an attention mask in, the
-    logits out (its output object holds them among other things)."""
+class _Output(torch.nn.Module):
+    """A transformers model as a training loop calls it: token ids and an attention mask in, one
+    field of its output object out (the logits of a model with a head, the last hidden state
+    of an encoder without one)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, field: str = "logits") -> None:
         super().__init__()
-        self.model = model
+        self.model, self.field = model, field
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=mask).logits
-
-
-class _LastHidden(torch.nn.Module):
-    """A transformers encoder without a head: token ids and an attention mask in, the last
-    hidden state out."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return getattr(self.model(input_ids=ids, attention_mask=mask), self.field)
 
 
 def _transformers_builders() -> dict[str, Callable[[int], Case]]:
@@ -332,18 +321,16 @@ def _transformers_builders() -> dict[str, Callable[[int], Case]]:
             hf.PhiConfig(**decoder, intermediate_size=48, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)
         ),
         "hf.OLMoE": lambda: hf.OlmoeForCausalLM(hf.OlmoeConfig(**moe, intermediate_size=48, num_experts=4)),
-        "hf.Switch": lambda: _LastHidden(
-            hf.SwitchTransformersEncoderModel(
-                hf.SwitchTransformersConfig(
-                    vocab_size=vocab,
-                    d_model=32,
-                    d_kv=16,
-                    d_ff=64,
-                    num_layers=2,
-                    num_heads=2,
-                    num_experts=4,
-                    dropout_rate=0.0,
-                )
+        "hf.Switch": lambda: hf.SwitchTransformersEncoderModel(
+            hf.SwitchTransformersConfig(
+                vocab_size=vocab,
+                d_model=32,
+                d_kv=16,
+                d_ff=64,
+                num_layers=2,
+                num_heads=2,
+                num_experts=4,
+                dropout_rate=0.0,
             )
         ),
         "hf.GPT2": lambda: hf.GPT2LMHeadModel(
@@ -359,15 +346,16 @@ def _transformers_builders() -> dict[str, Callable[[int], Case]]:
         ),
     }
 
-    def case(make: Callable[[], torch.nn.Module]) -> Callable[[int], Case]:
+    headless = {"hf.Switch"}  # (an encoder without a head: its last hidden state)
+
+    def case(make: Callable[[], torch.nn.Module], field: str) -> Callable[[int], Case]:
         def build(batch: int) -> Case:
             ids = torch.randint(0, vocab, (batch, seq))
-            model = make()
-            return (model if isinstance(model, _LastHidden) else _Logits(model)), (ids, torch.ones_like(ids))
+            return _Output(make(), field), (ids, torch.ones_like(ids))
 
         return build
 
-    return {name: case(make) for name, make in configs.items()}
+    return {name: case(make, "last_hidden_state" if name in headless else "logits") for name, make in configs.items()}
 
 
 def library_cases() -> dict[str, Callable[[int], Case]]:

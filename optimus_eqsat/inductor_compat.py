@@ -165,9 +165,8 @@ def install_inplace_alias_fix() -> bool:
 def install_donation_alias_fix() -> bool:
     """Keep every saved tensor that may share storage with a forward output or with another
     saved tensor out of the backward's donated buffers (see the module docstring), once per
-    process; False where this
-    torch does not donate. Installed for the process: a backward compiled lazily is compiled
-    outside our compiles."""
+    process; False where this torch does not donate. Installed for the process: a backward
+    compiled lazily is compiled outside our compiles."""
     try:
         from torch._functorch._aot_autograd import graph_compile
     except ImportError:
@@ -180,11 +179,10 @@ def install_donation_alias_fix() -> bool:
                 return donated
             outputs = list(next(reversed(fw_module.graph.find_nodes(op="output"))).args[0])
             shared = {_storage_root(n) for n in outputs[: fw_metadata.num_forward] if isinstance(n, torch.fx.Node)}
-            saved = outputs[fw_metadata.tensors_saved_for_backwards_slice]
-            roots = Counter(_storage_root(n) for n in saved)
-            shared |= {root for root, n in roots.items() if n > 1}  # (two saved views of one buffer)
+            saved_roots = [_storage_root(n) for n in outputs[fw_metadata.tensors_saved_for_backwards_slice]]
+            shared |= {root for root, n in Counter(saved_roots).items() if n > 1}  # (two saved views of one buffer)
             first = fw_metadata.num_symints_saved_for_bw  # (donated indices count the saved symints first)
-            return [i for i in donated if _storage_root(saved[i - first]) not in shared]
+            return [i for i in donated if saved_roots[i - first] not in shared]
 
         return collect_unaliased
 
