@@ -71,7 +71,12 @@ def builtin_rulesets() -> dict[str, RuleSet]:
             once=("splitcat_once",),
             analyses=("splitcat_analysis",),
         ),
-        RuleSet("algebraic", _read("algebraic.egg"), "algebraic rewrites", analyses=("algebraic_analysis",)),
+        RuleSet(
+            "algebraic",
+            _read("algebraic.egg"),
+            "algebraic rewrites",
+            analyses=("algebraic_analysis", "algebraic_chains"),
+        ),
     ]
     return {family.name: family for family in families}
 

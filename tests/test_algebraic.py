@@ -48,7 +48,7 @@ def arith_ops(counts) -> int:
 
 def test_family_loads_by_default():
     family = rewrites.builtin_rulesets()["algebraic"]
-    assert family.analyses == ("algebraic_analysis",)
+    assert family.analyses == ("algebraic_analysis", "algebraic_chains")
     names = family.rule_names
     assert len(names) == len(set(names)), "rule names must be unique"
     for name in ("mul-one", "neg-neg", "mul-mul", "add-mul-factor", "matmul-t-linear", "cat-linear-cols"):
