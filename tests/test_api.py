@@ -421,3 +421,23 @@ def test_a_training_batch_norm_is_ordered_and_leaves_its_input_free():
     assert [a.name for a in running_stats_written(norm)] == ["mean", "var"]
     assert t.status[by_name[norm.name]] == "opaque" and by_name[norm.name] in t.ordered
     assert t.status[by_name["linear"]] == "term"
+
+
+class DefaultedScale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.towers = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+    def forward(self, x, scale: float = 2.0):
+        return torch.cat([t(x) for t in self.towers], 1) * scale
+
+
+def test_a_defaulted_argument_left_out_of_the_example_inputs_takes_its_default():
+    model = DefaultedScale()
+    gm = torch.fx.symbolic_trace(model)
+    x = torch.randn(16, 8)
+    out = optimize_graph(gm, (x,), raise_on_error=True, profile="h100")
+    report = out.meta["optimus_eqsat"]
+    assert not report.fell_back and report.launches_after < report.launches_before  # the towers batched
+    torch.testing.assert_close(out(x), model(x))
+    torch.testing.assert_close(out(x, 0.5), model(x, 0.5))

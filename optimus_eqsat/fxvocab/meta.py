@@ -156,10 +156,14 @@ def flat_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] 
     """``example_inputs`` as the graph's placeholders take them. A module from ``torch.export``
     (``ExportedProgram.module()``) is called with the program's inputs as the user passes them
     (a dict of features, say) and flattens them into its placeholders by its input spec: example
-    inputs given that way are flattened the same way. Others are returned as they are."""
+    inputs given that way are flattened the same way. Trailing placeholders with a default (a
+    forward's defaulted arguments, as ``symbolic_trace`` writes them) that the inputs leave out
+    take their default, as a call of the module would. Others are returned as they are."""
     codegen = gm.graph._codegen
-    if example_inputs is None or not isinstance(codegen, torch.fx.graph._PyTreeCodeGen):
+    if example_inputs is None:
         return example_inputs
+    if not isinstance(codegen, torch.fx.graph._PyTreeCodeGen):
+        return _with_defaults(gm, example_inputs)
     placeholders = sum(n.op == "placeholder" for n in gm.graph.nodes)
     if len(example_inputs) == placeholders and not any(isinstance(x, (dict, list, tuple)) for x in example_inputs):
         return example_inputs
@@ -170,6 +174,14 @@ def flat_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any] 
         return example_inputs
     # (the spec reads what it knows and ignores the rest: an input too many must stay an error)
     return flat if len(flat) == len(torch.utils._pytree.tree_leaves(given)) else example_inputs
+
+
+def _with_defaults(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Sequence[Any]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    left_out = placeholders[len(example_inputs) :]
+    if not left_out or not all(n.args for n in left_out):  # (a placeholder's args: its default)
+        return example_inputs
+    return [*example_inputs, *(n.args[0] for n in left_out)]
 
 
 def check_example_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
