@@ -2,7 +2,7 @@
 
 Every generator takes the FX node count to aim for (``n_nodes``, met to within
 one block) and returns ``(gm, example_inputs)``; the graphs are deterministic
-and every node carries ``meta["val"]`` (a meta tensor) like a Dynamo graph.
+and every node carries ``meta["val"]`` (a fake tensor, all of one fake mode) like a Dynamo graph.
 They are the shapes that stress saturation (issue: robustness):
 
 - ``split_cat_chain``: split -> cat round trips between relus;
@@ -31,19 +31,25 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 Generated = tuple[torch.fx.GraphModule, tuple]
 
 
 class GraphBuilder:
-    """Appends call_function nodes to an FX graph, with ``meta["val"]`` computed on meta tensors."""
+    """Appends call_function nodes to an FX graph, with ``meta["val"]`` fake tensors of one
+    fake mode, the input's included: the meta Dynamo hands a backend. Each op runs on meta
+    tensors (a fake-tensor dispatch per op would make a 100,000-node graph cost half a minute)
+    and its results are wrapped as fake tensors of the mode, views sharing their base's storage."""
 
     def __init__(self, shape: tuple[int, ...], seed: int = 0):
         self.graph = torch.fx.Graph()
         generator = torch.Generator().manual_seed(seed)
         self.example = torch.randn(*shape, generator=generator)
+        self.mode = FakeTensorMode()
         self.input = self.graph.placeholder("x")
-        self.input.meta["val"] = self.example
+        self.input.meta["val"] = self.mode.from_tensor(self.example, static_shapes=True)
+        self.on_meta: dict[torch.fx.Node, Any] = {self.input: torch.empty_like(self.example, device="meta")}
         self.ops = 0  # call nodes so far
 
     @property
@@ -52,10 +58,13 @@ class GraphBuilder:
         return self.ops + 2
 
     def call(self, target: Callable, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        """A call_function node; its meta["val"] is ``target`` run on the operands' meta values."""
+        """A call_function node; its meta["val"] is ``target`` run on the operands' values."""
         node = self.graph.call_function(target, args, kwargs)
-        meta = lambda a: _as_meta(a.meta["val"]) if isinstance(a, torch.fx.Node) else a  # noqa: E731
-        node.meta["val"] = target(*torch.fx.node.map_aggregate(args, meta), **torch.fx.node.map_aggregate(kwargs, meta))
+        meta = lambda a: self.on_meta[a] if isinstance(a, torch.fx.Node) else a  # noqa: E731
+        out = target(*torch.fx.node.map_aggregate(args, meta), **torch.fx.node.map_aggregate(kwargs, meta))
+        self.on_meta[node] = out
+        fake = lambda t: FakeTensor(self.mode, t, self.example.device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        node.meta["val"] = torch.fx.node.map_aggregate(out, fake)
         self.ops += 1
         return node
 
@@ -69,14 +78,6 @@ class GraphBuilder:
     def finish(self, *outputs: torch.fx.Node) -> Generated:
         self.graph.output(tuple(outputs))
         return torch.fx.GraphModule(torch.nn.Module(), self.graph), (self.example,)
-
-
-def _as_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type != "meta":
-        return torch.empty_like(value, device="meta")
-    if isinstance(value, (tuple, list)):
-        return type(value)(_as_meta(v) for v in value)
-    return value
 
 
 def _blocks(

@@ -38,6 +38,7 @@ from optimus_eqsat.keep_gradients import keep_gradient_absences, keep_gradient_i
 from optimus_eqsat.member_splits import narrows_as_splits
 from optimus_eqsat.module_calls import functional_module_calls, guard_written_out_modes
 from optimus_eqsat.no_grad_regions import with_no_grad_regions_detached
+from optimus_eqsat.node_computations import same_program
 from optimus_eqsat.objective import Objective, predict
 from optimus_eqsat.options import OptimizeOptions
 from optimus_eqsat.own_outputs import contiguous_outputs, input_views_as_written, own_sliced_outputs
@@ -332,7 +333,7 @@ class OptimizationRun:
             # the cost model runs the inputs instead, and fake tensors import torch._dynamo
             # (seconds, the first time).
             with self._as_it_runs():
-                propagate_meta(result, self.example_inputs)
+                propagate_meta(result, self.example_inputs, self.translation.gm)
         return result
 
     def _build_without_cycles(self, meta: bool) -> torch.fx.GraphModule:
@@ -419,10 +420,12 @@ class OptimizationRun:
         with phase(report, "rebuild"):
             result = self._build_without_cycles(meta=not refine)
         with phase(report, "verify"):
-            report.launches_before, report.cost_before = predict(
-                with_regions_inlined(self.source), self.example_inputs, self.objective
-            )
-            report.launches_after, report.cost_after = predict(result, self.example_inputs, self.objective)
+            before = with_regions_inlined(self.source)
+            report.launches_before, report.cost_before = predict(before, self.example_inputs, self.objective)
+            if same_program(result, before):  # (nothing rewritten: it costs what it cost)
+                report.launches_after, report.cost_after = report.launches_before, report.cost_before
+            else:
+                report.launches_after, report.cost_after = predict(result, self.example_inputs, self.objective)
         if refine:
             with phase(report, "refine"):
                 result, report.launches_after, report.cost_after = refine_run(
@@ -432,7 +435,7 @@ class OptimizationRun:
                 if result is None:  # a variant won: build it, with meta
                     result = self.build()
                 elif self._wants_meta:  # the cheap build was kept: only its meta is missing
-                    propagate_meta(result, self.example_inputs)
+                    propagate_meta(result, self.example_inputs, self.translation.gm)
         reason = self._not_worth_it() if opts.never_worse else None
         misplaced = [] if reason else state_changes(result)  # (the original had none: see saturate)
         if misplaced:

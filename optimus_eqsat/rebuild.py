@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.fx
+from torch.fx.node import map_aggregate, map_arg
 
 from optimus_eqsat.checkpoint_regions import region_tags
 from optimus_eqsat.egraph_export import ClassRef, ExportedEGraph, TermNode
@@ -38,6 +39,7 @@ from optimus_eqsat.fxvocab import (
 )
 from optimus_eqsat.fxvocab.meta import module_state_kept
 from optimus_eqsat.fxvocab.symbolic import all_concrete, static_tensor, symbolic_value
+from optimus_eqsat.node_computations import computation, same_computation
 from optimus_eqsat.rebuild_sizes import SizeWriter
 from optimus_eqsat.term import CTORS, OP_CTORS
 from optimus_eqsat.translate import NodeStatus, Translation
@@ -419,17 +421,25 @@ def _placeholder_value(node: torch.fx.Node) -> Any:
     return None
 
 
-def propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool:
+def propagate_meta(
+    gm: torch.fx.GraphModule, example_inputs: Any = None, reference: torch.fx.GraphModule | None = None
+) -> bool:
     """See :func:`_propagate_meta`; a module call of the graph (``symbolic_trace``'s) runs its
     real module on fake inputs, which writes the module's real buffers (a batch norm's count):
-    they are put back as they were."""
+    they are put back as they were.
+
+    ``reference``: the graph ``gm`` was rebuilt from, whose nodes' meta ``gm``'s nodes of the
+    same name carry. A node computing what its namesake there computes, from inputs whose
+    values are unchanged, keeps its copied value without running (most of a rebuilt graph)."""
     if any(n.op == "call_module" for n in gm.graph.nodes):
         with module_state_kept(gm):
-            return _propagate_meta(gm, example_inputs)
-    return _propagate_meta(gm, example_inputs)
+            return _propagate_meta(gm, example_inputs, reference)
+    return _propagate_meta(gm, example_inputs, reference)
 
 
-def _propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> bool:
+def _propagate_meta(
+    gm: torch.fx.GraphModule, example_inputs: Any = None, reference: torch.fx.GraphModule | None = None
+) -> bool:
     """Give every node ``meta["val"]`` (a fake tensor) so cost models see shapes.
 
     Uses the example inputs, else the placeholders' own meta. Returns False
@@ -452,7 +462,7 @@ def _propagate_meta(gm: torch.fx.GraphModule, example_inputs: Any = None) -> boo
         if v is None or (isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)):
             return False
     try:
-        vals = _fast_meta(gm, placeholders, values)
+        vals = _fast_meta(gm, placeholders, values, reference)
     except Exception as exc:  # meta is an aid: fall back to FakeTensorProp
         log.debug("optimus_eqsat: fast meta propagation failed (%r); using FakeTensorProp", exc)
         vals = None
@@ -601,6 +611,14 @@ def _same_meta(old: Any, new: torch.Tensor, device: torch.device, mode: Any) -> 
     )
 
 
+def _fakes_of(value: Any, mode: Any) -> bool:
+    """``value`` is a fake tensor of ``mode``, or a non-empty tuple or list of them."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    items = value if isinstance(value, (tuple, list)) and value else (value,)
+    return all(isinstance(x, FakeTensor) and x.fake_mode is mode for x in items)
+
+
 def _placeholder_fakes(placeholders: list[torch.fx.Node], values: list[Any]) -> tuple[Any, list[Any]] | None:
     """The placeholders' fake values, all from one fake mode, when they fit ``values``."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -627,13 +645,19 @@ def _placeholder_fakes(placeholders: list[torch.fx.Node], values: list[Any]) -> 
     return modes.pop(), fakes
 
 
-def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], values: list[Any]) -> dict | None:
+def _fast_meta(
+    gm: torch.fx.GraphModule,
+    placeholders: list[torch.fx.Node],
+    values: list[Any],
+    reference: torch.fx.GraphModule | None = None,
+) -> dict | None:
     """Every node's new ``meta["val"]`` (nodes FakeTensorProp would leave alone are
-    absent); None where this graph needs the general path. Writes no meta."""
+    absent); None where this graph needs the general path. Writes no meta. With
+    ``reference`` (see :func:`propagate_meta`), nodes that compute what their namesakes
+    there computed, from unchanged values, keep their values without running."""
     from torch._dispatch.python import no_python_dispatcher
     from torch._subclasses.fake_impls import fast_detach
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
-    from torch.fx.node import map_aggregate, map_arg
 
     nodes = list(gm.graph.nodes)
     for n in nodes:
@@ -676,6 +700,9 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
 
     env: dict[torch.fx.Node, Any] = {}
     vals: dict[torch.fx.Node, Any] = {}
+    # the reference's computations, and the nodes whose value is the one their meta holds
+    known = {} if reference is None else {r.name: c for r in reference.graph.nodes if (c := computation(r))}
+    unchanged: set[torch.fx.Node] = set()
     lookup = env.__getitem__
     next_placeholder = iter(fakes)
     kernel_mode: contextlib.ExitStack | None = None  # entered around runs of view nodes
@@ -701,6 +728,20 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
             if op == "placeholder":
                 env[n] = v = next(next_placeholder)
                 vals[n] = v if isinstance(v, FakeTensor) else extract(v)  # a placeholder's own: kept
+                if vals[n] is _placeholder_value(n):
+                    unchanged.add(n)
+                continue
+            old = _placeholder_value(n)
+            if (
+                known
+                and same_computation(known, n)
+                and all(a in unchanged for a in n.all_input_nodes)
+                and _fakes_of(old, mode)
+            ):
+                leave_kernel()  # (a detach in kernel mode would put the value on the meta device)
+                env[n] = old
+                vals[n] = map_aggregate(old, extract)
+                unchanged.add(n)
                 continue
             if op == "output":
                 leave_kernel()
@@ -712,8 +753,9 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                 if isinstance(real, torch.Tensor):
                     env[n] = fake = real if isinstance(real, FakeTensor) else mode.from_tensor(real, static_shapes=True)
                     val = extract(fake)
-                    old = _placeholder_value(n)
                     vals[n] = old if _same_meta(old, val, val.fake_device, mode) else val
+                    if vals[n] is old:
+                        unchanged.add(n)
                 else:
                     env[n] = real
                 continue
@@ -728,9 +770,9 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                     if isinstance(base, (tuple, list)):
                         result = base[args[1]]
                         env[n] = result
-                        old = _placeholder_value(n)
                         if isinstance(result, FakeTensor) and _same_meta(old, result, result.fake_device, mode):
                             vals[n] = old
+                            unchanged.add(n)
                         else:
                             leave_kernel()
                             vals[n] = map_aggregate(result, extract)
@@ -750,7 +792,6 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                 device = first.fake_device
                 enter_kernel()
                 out = fn(*args, **kwargs)
-                old = _placeholder_value(n)
                 if isinstance(out, torch.Tensor):
                     if isinstance(out, FakeTensor):  # an input returned as it is
                         env[n] = out
@@ -759,6 +800,7 @@ def _fast_meta(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node], valu
                         continue
                     if _same_meta(old, out, device, mode):
                         result = old
+                        unchanged.add(n)
                     else:
                         result = FakeTensor(mode, out, device, requires_grad=False)
                     env[n] = vals[n] = result
