@@ -63,7 +63,7 @@ def same_program(a: torch.fx.GraphModule, b: torch.fx.GraphModule) -> bool:
             return False
         if x.op in ("call_function", "call_method"):
             ref = computation(y)
-            if ref is None or not same_computation({y.name: ref}, x):
+            if ref is None or not _same_value(ref, computation(x)):
                 return False
         elif x.target != y.target or not _same_value(_named(x), _named(y)):  # inputs, outputs, modules
             return False

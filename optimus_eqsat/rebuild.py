@@ -732,10 +732,10 @@ def _fast_meta(
                     unchanged.add(n)
                 continue
             old = _placeholder_value(n)
-            if (
-                known
-                and same_computation(known, n)
+            if (  # (the cheap tests first: this runs for every node)
+                n.name in known
                 and all(a in unchanged for a in n.all_input_nodes)
+                and same_computation(known, n)
                 and _fakes_of(old, mode)
             ):
                 leave_kernel()  # (a detach in kernel mode would put the value on the meta device)
